@@ -1,0 +1,536 @@
+"""CPU test double for vLLM online (meta-device) quantization.
+
+vLLM's online quantization (``QuantizeMethodBase.uses_meta_device = True``)
+creates weights on the ``meta`` device and lets vLLM's *real* layerwise
+machinery (``vllm.model_executor.model_loader.reload.layerwise``) materialize
+and quantize each layer as soon as all of its elements have been loaded.  The
+real online FP8 method needs a vLLM config and CUDA kernels, so this module
+provides only a CPU quant *method* double; everything else a test exercises
+(``initialize_online_processing``, ``_layerwise_process``,
+``finalize_layerwise_processing``, ``default_weight_loader``,
+``QuantizeMethodBase``) is vLLM's own code.
+
+Contents:
+
+* :class:`CpuFp8OnlineMethod` / :class:`CpuFp8OfflineMethod` - the method
+  double, with and without meta-device creation.
+* :class:`QuantLinear`, :func:`build_model`, :func:`make_checkpoint`,
+  :func:`load_checkpoint` - a tiny DiT-shaped model and a vLLM-style loader
+  that can leave "straggler" layers on ``meta``.
+* :func:`deterministic_fill` - makes vLLM's materialization of never-loaded
+  weights reproducible.
+* :class:`LoaderShaped`, :func:`ungated_process_weights_after_loading` - a
+  stand-in loader instance and the first (ungated) upstream fix.
+* :func:`fsdp_model` - the same model wrapped with FSDP2 on a 1-rank gloo group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+try:  # vLLM >= the release that introduced online layerwise processing.
+    from vllm.model_executor.model_loader.reload.layerwise import (
+        initialize_online_processing,
+    )
+except ImportError:  # older vLLM: meta weights stay on meta until processed.
+    initialize_online_processing = None
+
+try:
+    from vllm.model_executor.model_loader.reload.layerwise import (
+        finalize_layerwise_processing,
+    )
+except ImportError:
+    finalize_layerwise_processing = None
+
+__all__ = [
+    "FP8_DTYPE",
+    "FP8_MAX",
+    "HAS_ONLINE_PROCESSING",
+    "HAS_FINALIZE",
+    "DEFAULT_STRAGGLERS",
+    "STACKED_PARAMS",
+    "Straggler",
+    "CpuFp8OnlineMethod",
+    "CpuFp8OfflineMethod",
+    "QuantLinear",
+    "Block",
+    "TinyDiT",
+    "quantize_fp8",
+    "fused_shard_loader",
+    "build_model",
+    "make_checkpoint",
+    "load_checkpoint",
+    "meta_param_names",
+    "quant_layers",
+    "deterministic_fill",
+    "LoaderShaped",
+    "ungated_process_weights_after_loading",
+    "ensure_process_group",
+    "fsdp_model",
+    "fsdp_processed_weight_used",
+]
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)
+
+#: Whether the installed vLLM can process layers while they load.
+HAS_ONLINE_PROCESSING = initialize_online_processing is not None
+#: Whether the installed vLLM can process stragglers after loading.
+HAS_FINALIZE = finalize_layerwise_processing is not None
+
+PROCESSED_FLAG = "_already_called_process_weights_after_loading"
+
+
+# --------------------------------------------------------------------------
+# Quant method double
+# --------------------------------------------------------------------------
+
+
+def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor FP8 quantization: ``(fp8 weight, float32 scale)``.
+
+    Public so tests can compute the expected processed values from the
+    checkpoint tensors.  The scale is clamped away from zero so an all-zero
+    weight quantizes to zeros instead of NaN.  A ``meta`` input gives ``meta``
+    outputs (older vLLM without ``finalize_layerwise_processing``).
+    """
+    amax = weight.detach().abs().amax().to(torch.float32)
+    scale = (amax / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    qweight = (weight.detach().to(torch.float32) / scale).clamp(-FP8_MAX, FP8_MAX)
+    return qweight.to(FP8_DTYPE), scale
+
+
+class _CpuFp8MethodBase(QuantizeMethodBase):
+    """Shared body of the online and offline CPU FP8 doubles.
+
+    Subclasses choose only where ``weight`` is created (``uses_meta_device``).
+    """
+
+    def create_weights(  # type: ignore[override]
+        self,
+        layer: nn.Module,
+        in_features: int,
+        out_features: int,
+        dtype: torch.dtype,
+        weight_loader: Callable[..., Any] = default_weight_loader,
+    ) -> None:
+        """Register ``layer.weight`` with a vLLM-style ``weight_loader``.
+
+        Online: the weight lives on ``meta`` and vLLM's real
+        ``initialize_online_processing`` wraps its loader so the layer is
+        materialized and processed once fully loaded.  Offline: the weight
+        lives on the default device and is processed by the model loader.
+        """
+        device = torch.device("meta") if self.uses_meta_device else None
+        weight = nn.Parameter(
+            torch.empty(out_features, in_features, dtype=dtype, device=device),
+            requires_grad=False,
+        )
+        weight.weight_loader = weight_loader  # type: ignore[attr-defined]
+        layer.register_parameter("weight", weight)
+        if self.uses_meta_device and initialize_online_processing is not None:
+            initialize_online_processing(layer)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Quantize ``layer.weight`` to FP8 once, like vLLM's online FP8.
+
+        ``layer._test_process_calls`` counts quantizations that actually ran,
+        ``layer._test_process_skips`` the calls that returned early because
+        the layer was already processed.  A still-``meta`` weight quantizes
+        to ``meta`` without error.
+        """
+        if getattr(layer, PROCESSED_FLAG, False):
+            layer._test_process_skips = getattr(layer, "_test_process_skips", 0) + 1
+            return
+        qweight, scale = quantize_fp8(layer.weight)
+        layer.weight = nn.Parameter(qweight, requires_grad=False)
+        layer.weight_scale = nn.Parameter(scale, requires_grad=False)
+        setattr(layer, PROCESSED_FLAG, True)
+        layer._test_process_calls = getattr(layer, "_test_process_calls", 0) + 1
+
+    def apply(  # type: ignore[override]
+        self,
+        layer: nn.Module,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Linear with the dequantized weight (or the raw one if unprocessed)."""
+        weight = layer.weight.to(torch.float32)
+        scale = getattr(layer, "weight_scale", None)
+        if scale is not None:
+            weight = weight * scale
+        return F.linear(x, weight.to(x.dtype), bias)
+
+
+class CpuFp8OnlineMethod(_CpuFp8MethodBase):
+    """Online FP8 double: weights on ``meta``, processed layer by layer."""
+
+    uses_meta_device = True
+
+
+class CpuFp8OfflineMethod(_CpuFp8MethodBase):
+    """Same FP8 processing without meta weights ("no online quant" models)."""
+
+    uses_meta_device = False
+
+
+# --------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------
+
+
+def fused_shard_loader(
+    param: torch.Tensor,
+    loaded_weight: torch.Tensor,
+    loaded_shard_id: int | None = None,
+) -> None:
+    """Load one output-dim shard, like a merged column-parallel layer (TP=1).
+
+    The first argument must be named ``param``: vLLM's layerwise wrapper
+    rebinds it by name when it replays buffered loads.  ``loaded_shard_id``
+    of ``None`` loads the whole (unfused) tensor.
+    """
+    if loaded_shard_id is None:
+        default_weight_loader(param, loaded_weight)
+        return
+    size = loaded_weight.shape[0]
+    param.data.narrow(0, loaded_shard_id * size, size).copy_(loaded_weight)
+
+
+class QuantLinear(nn.Module):
+    """Linear layer whose weight is owned by a vLLM ``QuantizeMethodBase``.
+
+    ``n_shards > 1`` makes a fused layer (``out_features`` is per shard) whose
+    weight is loaded shard by shard through :func:`fused_shard_loader`, which
+    is how a layer ends up partially loaded.  ``bias`` is a plain, non-meta
+    parameter, as in vLLM (it is created after ``create_weights``).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        quant_method: QuantizeMethodBase,
+        *,
+        n_shards: int = 1,
+        bias: bool = False,
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features * n_shards
+        self.n_shards = n_shards
+        self.quant_method = quant_method
+        loader = fused_shard_loader if n_shards > 1 else default_weight_loader
+        quant_method.create_weights(
+            self, in_features, self.out_features, dtype, weight_loader=loader
+        )
+        if bias:
+            self.bias = nn.Parameter(
+                torch.zeros(self.out_features, dtype=dtype), requires_grad=False
+            )
+            self.bias.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+        else:
+            self.bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(self, x, self.bias)
+
+
+class Block(nn.Module):
+    """DiT-ish block: ``x + proj_out(gelu(gate) * up)`` on ``norm(x)``.
+
+    ``proj_in`` is fused from the checkpoint tensors ``to_gate``/``to_up``
+    (see :data:`STACKED_PARAMS`); ``norm`` has no ``quant_method``.
+    """
+
+    def __init__(
+        self, hidden: int, method_cls: type[_CpuFp8MethodBase], dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden, dtype=dtype)
+        self.proj_in = QuantLinear(hidden, hidden, method_cls(), n_shards=2, dtype=dtype)
+        self.proj_out = QuantLinear(hidden, hidden, method_cls(), dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.proj_in(self.norm(x)).chunk(2, dim=-1)
+        return x + self.proj_out(F.gelu(gate) * up)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A quant layer the checkpoint does not fully cover.
+
+    ``absent``: no checkpoint tensor reaches the layer (it loads 0 elements).
+    ``partial``: only the first shard of a fused layer is loaded.
+    """
+
+    layer: str
+    kind: Literal["absent", "partial"]
+
+
+class TinyDiT(nn.Module):
+    """A stack of :class:`Block`; remembers its default stragglers."""
+
+    def __init__(
+        self,
+        n_layers: int,
+        hidden: int,
+        method_cls: type[_CpuFp8MethodBase],
+        dtype: torch.dtype,
+        stragglers: Sequence[Straggler],
+    ) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.dtype = dtype
+        self.blocks = nn.ModuleList(Block(hidden, method_cls, dtype) for _ in range(n_layers))
+        self.stragglers = tuple(stragglers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+#: vLLM-style ``stacked_params_mapping``: (model name, checkpoint name, shard).
+STACKED_PARAMS: tuple[tuple[str, str, int], ...] = (
+    ("proj_in", "to_gate", 0),
+    ("proj_in", "to_up", 1),
+)
+
+#: One layer absent from the checkpoint, one partially loaded.
+DEFAULT_STRAGGLERS: tuple[Straggler, ...] = (
+    Straggler("blocks.1.proj_out", "absent"),
+    Straggler("blocks.2.proj_in", "partial"),
+)
+
+
+def build_model(
+    n_layers: int = 4,
+    hidden: int = 16,
+    online: bool = True,
+    stragglers: Sequence[Straggler] = DEFAULT_STRAGGLERS,
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+) -> TinyDiT:
+    """Build a :class:`TinyDiT` with online (meta) or offline quant layers.
+
+    ``stragglers`` is stored on the model as the default for
+    :func:`load_checkpoint`; straggler layer names must exist (checked here so
+    a typo cannot silently turn a straggler test into a fully-loaded one).
+    ``seed`` makes the (non-quantized) construction deterministic.
+    """
+    torch.manual_seed(seed)
+    method_cls = CpuFp8OnlineMethod if online else CpuFp8OfflineMethod
+    model = TinyDiT(n_layers, hidden, method_cls, dtype, stragglers)
+    names = dict(model.named_modules())
+    for straggler in stragglers:
+        layer = names.get(straggler.layer)
+        if not isinstance(layer, QuantLinear):
+            raise ValueError(f"straggler {straggler.layer!r} is not a QuantLinear")
+        if straggler.kind == "partial" and layer.n_shards < 2:
+            raise ValueError(f"partial straggler {straggler.layer!r} is not fused")
+    return model
+
+
+def _checkpoint_names(model: nn.Module) -> dict[str, tuple[str, int | None, tuple[int, ...]]]:
+    """Checkpoint name -> (model param name, shard id, shape), in load order."""
+    names: dict[str, tuple[str, int | None, tuple[int, ...]]] = {}
+    for name, param in model.named_parameters():
+        layer_name, _, leaf = name.rpartition(".")
+        if leaf == "weight_scale":  # created by processing, never in a checkpoint
+            continue
+        layer = model.get_submodule(layer_name) if layer_name else model
+        n_shards = getattr(layer, "n_shards", 1)
+        if n_shards == 1 or leaf != "weight":
+            names[name] = (name, None, tuple(param.shape))
+            continue
+        parent, _, child = layer_name.rpartition(".")
+        shard_shape = (param.shape[0] // n_shards, *param.shape[1:])
+        for model_child, ckpt_child, shard_id in STACKED_PARAMS:
+            if model_child == child:
+                ckpt = f"{parent}.{ckpt_child}.{leaf}"
+                names[ckpt] = (name, shard_id, shard_shape)
+    return names
+
+
+def make_checkpoint(
+    model: nn.Module, seed: int = 0, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """Deterministic full checkpoint (no stragglers applied) for ``model``.
+
+    Values come from a CPU generator seeded with ``seed``, in ``dtype``
+    (default: the model's dtype, bf16 unless built otherwise).  Fused layers
+    appear under their checkpoint names (``to_gate``/``to_up``).
+    """
+    dtype = dtype or getattr(model, "dtype", torch.bfloat16)
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        name: torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+        for name, (_, _, shape) in _checkpoint_names(model).items()
+    }
+
+
+def _is_skipped(ckpt_name: str, shard_id: int | None, layer: str, stragglers: Sequence[Straggler]) -> bool:
+    for straggler in stragglers:
+        if layer != straggler.layer:
+            continue
+        if straggler.kind == "absent":
+            return True
+        if straggler.kind == "partial" and shard_id not in (None, 0):
+            return True
+    return False
+
+
+def load_checkpoint(
+    model: nn.Module,
+    checkpoint: Mapping[str, torch.Tensor],
+    stragglers: Sequence[Straggler] | None = None,
+) -> set[str]:
+    """Feed ``checkpoint`` through each param's ``weight_loader``, as vLLM does.
+
+    Mirrors a vLLM model's ``load_weights``: stacked names are mapped to the
+    fused parameter and loaded with their shard id, everything else with
+    ``weight_loader(param, tensor)`` (``default_weight_loader`` when a param
+    has none).  ``stragglers`` (default: ``model.stragglers``) are skipped:
+    an ``absent`` layer receives nothing, a ``partial`` layer only shard 0.
+    Returns the model parameter names that received data.
+    """
+    if stragglers is None:
+        stragglers = getattr(model, "stragglers", ())
+    names = _checkpoint_names(model)
+    loaded: set[str] = set()
+    for ckpt_name, tensor in checkpoint.items():
+        param_name, shard_id, _ = names[ckpt_name]
+        layer = param_name.rpartition(".")[0]
+        if _is_skipped(ckpt_name, shard_id, layer, stragglers):
+            continue
+        # Look the param up each time: processing replaces ``weight``.
+        param = model.get_parameter(param_name)
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        if shard_id is None:
+            loader(param, tensor)
+        else:
+            loader(param, tensor, shard_id)
+        loaded.add(param_name)
+    return loaded
+
+
+def meta_param_names(model: nn.Module) -> list[str]:
+    """Names of parameters still on the ``meta`` device."""
+    return [name for name, param in model.named_parameters() if param.is_meta]
+
+
+def quant_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """Modules whose ``quant_method`` is a real vLLM ``QuantizeMethodBase``."""
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "quant_method", None), QuantizeMethodBase)
+    }
+
+
+@contextlib.contextmanager
+def deterministic_fill() -> Iterator[None]:
+    """Make uninitialized memory deterministic (NaN / max int), then restore.
+
+    vLLM materializes a never-loaded straggler with ``torch.empty_strided``;
+    with this active, two runs produce bit-identical straggler values.
+    """
+    saved_fill = torch.utils.deterministic.fill_uninitialized_memory
+    saved_algos = torch.are_deterministic_algorithms_enabled()
+    saved_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved_algos, warn_only=saved_warn)
+        torch.utils.deterministic.fill_uninitialized_memory = saved_fill
+
+
+# --------------------------------------------------------------------------
+# Loader stand-in and the ungated fix
+# --------------------------------------------------------------------------
+
+
+class LoaderShaped:
+    """Stand-in for a vllm-omni ``DiffusersPipelineLoader`` *instance*.
+
+    The method under test is a plain function called as
+    ``fn(loader, model, target_device)``; this object only supplies the
+    attributes such methods read from ``self``.
+    """
+
+    def __init__(self, quant_config: object | None = None) -> None:
+        self.quant_config = quant_config
+
+    @staticmethod
+    def _has_online_quant(model: nn.Module) -> bool:
+        """Same rule as vllm-omni's ``has_online_quantization``."""
+        return any(
+            getattr(getattr(module, "quant_method", None), "uses_meta_device", False)
+            for module in model.modules()
+        )
+
+
+def ungated_process_weights_after_loading(
+    self: object, model: nn.Module, target_device: torch.device
+) -> None:
+    """The first (ungated) upstream fix, rebuilt from its description.
+
+    Always finalizes layerwise processing, then, for every quant module,
+    moves each non-meta parameter to ``target_device`` one by one via
+    ``param.data = ...`` (instead of ``module.to``, which fails on meta),
+    processes, and moves those parameters back.  It is "ungated" because it
+    runs this path even when no online quantization is in use, e.g. on
+    FSDP-sharded models (see :func:`fsdp_model`).
+    """
+    from vllm.model_executor.model_loader.reload.layerwise import (
+        finalize_layerwise_processing as finalize,
+    )
+
+    finalize(model, model_config=None)
+    for module in quant_layers(model).values():
+        original_devices: dict[str, torch.device] = {}
+        for name, param in module.named_parameters():
+            if not param.is_meta and param.device != target_device:
+                original_devices[name] = param.device
+                param.data = param.data.to(target_device)
+        module.quant_method.process_weights_after_loading(module)
+        for name, param in module.named_parameters():
+            if name in original_devices:
+                param.data = param.data.to(original_devices[name])
+
+
+# --------------------------------------------------------------------------
+# FSDP2
+# --------------------------------------------------------------------------
+
+
+def ensure_process_group() -> None:
+    """Initialize a 1-rank gloo group (FileStore in a temp dir) if none exists."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    store_dir = tempfile.mkdtemp(prefix="online_quant_pg_")
+    store = dist.FileStore(os.path.join(store_dir, "store"), 1)
+    dist.init_process_group(
+        "gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60)
+    )
+
+
+FSDP_DOC_PLACEHOLDER = None

@@ -1,0 +1,76 @@
+"""``vllm-compat doctor`` and ``vllm-compat scan`` (also ``python -m vllm_compat``).
+
+Exit codes: 0 handled or nothing to do; 1 a target refused, a runtime failure, or static and runtime
+detection disagreeing; 2 usage errors (bad arguments, bad ``VLLM_COMPAT_*`` values, unreadable paths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _doctor(args) -> int:
+    from . import report
+
+    result = report(runtime=args.runtime)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.render_table())
+    return result.exit_code
+
+
+def _scan(args) -> int:
+    from pathlib import Path
+
+    from .detect.static import SourceTree, scan_tree
+
+    results = []
+    for raw in args.paths:
+        path = Path(raw)
+        if not path.exists():
+            print(f"vllm-compat scan: {raw} does not exist; pass a wheel, an unpacked tree or a site-packages.",
+                  file=sys.stderr)
+            return 2
+        env = scan_tree(SourceTree(path))
+        results.append({
+            "path": raw,
+            "vllm": {"version": env.vllm_version, "level": env.vllm.level, "capabilities": env.vllm.to_dict()},
+            "vllm_omni": {"version": env.vllm_omni_version, "loader_kind": env.loader.kind,
+                          "loader_detail": env.loader.detail,
+                          "meta_device_methods": list(env.omni_meta_device_methods)},
+        })
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for r in results:
+            v, o = r["vllm"], r["vllm_omni"]
+            print(f"{r['path']}\n  vllm {v['version'] or '-'}: level {v['level']}\n"
+                  f"  vllm-omni {o['version'] or '-'}: loader {o['loader_kind']}"
+                  + (f" ({o['loader_detail']})" if o['loader_detail'] else ""))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-compat", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    doctor = commands.add_parser("doctor", help="what vllm_compat detects and decides for this environment")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument("--runtime", action="store_true",
+                        help="import vLLM and vllm-omni, apply the shim and show the live result (slow)")
+    doctor.set_defaults(handler=_doctor)
+    scan = commands.add_parser("scan", help="static capability profile of wheels, trees or site-packages")
+    scan.add_argument("paths", nargs="+", metavar="PATH")
+    scan.add_argument("--json", action="store_true", help="print the profiles as JSON")
+    scan.set_defaults(handler=_scan)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .errors import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as exc:
+        print(f"vllm-compat: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,198 @@
+"""Static detection: read vLLM's and vllm-omni's files (installed, unpacked, or inside a wheel) and never
+import them. Fast enough for ``vllm-compat doctor`` to run before a worker starts.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import zipfile
+from email.parser import HeaderParser
+from pathlib import Path
+
+from .model import (
+    FINALIZE_NAME,
+    Environment,
+    LoaderKind,
+    LoaderShape,
+    VllmCapabilities,
+    classify_loader_source,
+)
+from .versions import installed_version
+
+BASE_CONFIG_FILE = "vllm/model_executor/layers/quantization/base_config.py"
+LAYERWISE_FILE = "vllm/model_executor/model_loader/reload/layerwise.py"
+OMNI_LOADER_FILE = "vllm_omni/diffusion/model_loader/diffusers_loader.py"
+OMNI_QUANTIZATION_DIR = "vllm_omni/quantization/"
+LOADER_CLASS = "DiffusersPipelineLoader"
+LOADER_METHOD = "_process_weights_after_loading"
+
+
+class SourceTree:
+    """Read-only view of files under a root that holds top-level packages: a site-packages directory, an
+    unpacked tree, or a wheel (zip). Paths are POSIX, relative to that root."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._zip = zipfile.ZipFile(self.root) if self.root.is_file() else None
+
+    def read(self, relpath: str) -> str | None:
+        try:
+            if self._zip is not None:
+                return self._zip.read(relpath).decode("utf-8")
+            return (self.root / relpath).read_text(encoding="utf-8")
+        except (KeyError, OSError, UnicodeDecodeError):
+            return None
+
+    def list_dir(self, reldir: str) -> list[str]:
+        if self._zip is not None:
+            return sorted(n for n in self._zip.namelist() if n.startswith(reldir) and "/" not in n[len(reldir):])
+        base = self.root / reldir
+        return sorted(f"{reldir}{p.name}" for p in base.iterdir()) if base.is_dir() else []
+
+    def has_package(self, name: str) -> bool:
+        return self.read(f"{name}/__init__.py") is not None
+
+    def distribution_version(self, distribution: str) -> str | None:
+        """Version from a ``*.dist-info/METADATA`` inside the tree (for trees that are not installed)."""
+        prefix = distribution.replace("-", "_") + "-"
+        if self._zip is not None:
+            names = self._zip.namelist()
+        else:
+            names = [p.name + "/" for p in self.root.iterdir()] if self.root.is_dir() else []
+        for name in names:
+            top = name.split("/", 1)[0]
+            if top.startswith(prefix) and top.endswith(".dist-info"):
+                text = self.read(f"{top}/METADATA")
+                if text:
+                    return HeaderParser().parsestr(text).get("Version")
+        return None
+
+
+def _class_body(tree: ast.Module, class_name: str) -> list[ast.stmt] | None:
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            return node.body
+    return None
+
+
+def _assigns_name(body: list[ast.stmt], name: str, value: object = ...) -> bool:
+    """Whether ``body`` assigns ``name`` (optionally to the constant ``value``) at class level."""
+    for node in body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            assigned = node.value
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            assigned = node.value
+        elif isinstance(node, ast.FunctionDef) and node.name == name:
+            return value is ...  # a property counts as presence, not as a constant value
+        else:
+            continue
+        return value is ... or (isinstance(assigned, ast.Constant) and assigned.value is value)
+    return False
+
+
+def _module_function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    return None
+
+
+def _parse(tree: SourceTree, relpath: str) -> ast.Module | None:
+    text = tree.read(relpath)
+    if text is None:
+        return None
+    try:
+        return ast.parse(text)
+    except SyntaxError:
+        return None
+
+
+def scan_vllm(tree: SourceTree) -> VllmCapabilities:
+    """Capabilities of the vLLM under ``tree`` from its source. Not installed: ``installed=False``; base
+    config unreadable: ``readable=False`` (level "unknown")."""
+    if not tree.has_package("vllm"):
+        return VllmCapabilities(installed=False)
+    base_config = _parse(tree, BASE_CONFIG_FILE)
+    base_body = _class_body(base_config, "QuantizeMethodBase") if base_config else None
+    if base_body is None:
+        return VllmCapabilities(installed=True, readable=False)
+    layerwise = _parse(tree, LAYERWISE_FILE)
+    finalize = _module_function(layerwise, FINALIZE_NAME) if layerwise else None
+    finalize_params = ()
+    if finalize is not None:
+        finalize_params = tuple(a.arg for a in (*finalize.args.posonlyargs, *finalize.args.args))
+    return VllmCapabilities(
+        installed=True,
+        has_uses_meta_device=_assigns_name(base_body, "uses_meta_device"),
+        has_layerwise_finalize=finalize is not None,
+        finalize_params=finalize_params,
+        has_initialize_online_processing=bool(layerwise and _module_function(layerwise, "initialize_online_processing")),
+    )
+
+
+def scan_omni_loader(tree: SourceTree) -> LoaderShape:
+    """Shape of vllm-omni's diffusion loader method under ``tree``; "absent" when vllm-omni or the loader
+    module is not there."""
+    if not tree.has_package("vllm_omni"):
+        return LoaderShape(LoaderKind.ABSENT, "vllm-omni is not installed")
+    source = tree.read(OMNI_LOADER_FILE)
+    if source is None:
+        return LoaderShape(LoaderKind.ABSENT, f"vllm-omni has no {OMNI_LOADER_FILE}")
+    return classify_loader_source(source, LOADER_CLASS, LOADER_METHOD)
+
+
+def scan_omni_meta_device_methods(tree: SourceTree) -> tuple[str, ...]:
+    """``module:Class`` of every vllm-omni quant class declaring ``uses_meta_device = True``."""
+    found = []
+    for relpath in tree.list_dir(OMNI_QUANTIZATION_DIR):
+        if not relpath.endswith(".py"):
+            continue
+        text = tree.read(relpath)
+        if not text or "uses_meta_device" not in text:
+            continue  # cheap pre-filter: most files never mention it
+        module = ast.parse(text)
+        for node in module.body:
+            if isinstance(node, ast.ClassDef) and _assigns_name(node.body, "uses_meta_device", True):
+                found.append(f"{relpath[:-3].replace('/', '.')}:{node.name}")
+    return tuple(found)
+
+
+def installed_package_root(name: str) -> Path | None:
+    """The directory holding the installed top-level package ``name``, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).parent
+
+
+def _tree_of(name: str) -> SourceTree:
+    root = installed_package_root(name)
+    # An empty tree answers "not installed" to every question.
+    return SourceTree(root) if root is not None else SourceTree(Path("/nonexistent-vllm-compat-root"))
+
+
+def scan_tree(tree: SourceTree, versions: dict[str, str | None] | None = None, omni_tree: SourceTree | None = None) -> Environment:
+    """One static detection pass over ``tree`` (and ``omni_tree`` for vllm-omni when it lives elsewhere);
+    ``versions`` overrides the versions read from the tree's dist-info."""
+    omni_tree = omni_tree or tree
+    versions = versions or {d: tree.distribution_version(d) for d in ("vllm", "vllm-omni", "torch")}
+    return Environment(
+        source="static",
+        vllm_version=versions.get("vllm"),
+        vllm_omni_version=versions.get("vllm-omni"),
+        torch_version=versions.get("torch"),
+        vllm=scan_vllm(tree),
+        loader=scan_omni_loader(omni_tree),
+        omni_meta_device_methods=scan_omni_meta_device_methods(omni_tree),
+    )
+
+
+def detect_static() -> Environment:
+    """Static detection of the installed environment: versions from distribution metadata, capabilities
+    from the installed source files. Imports none of vllm, vllm_omni or torch."""
+    versions = {d: installed_version(d) for d in ("vllm", "vllm-omni", "torch")}
+    return scan_tree(_tree_of("vllm"), versions, omni_tree=_tree_of("vllm_omni"))

@@ -1,0 +1,1 @@
+"""Patches, one module per upstream drift point; ``catalogue`` lists them as data."""

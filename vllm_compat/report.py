@@ -1,0 +1,159 @@
+"""One report model, rendered for ``vllm-compat doctor`` (table and ``--json``), logs and the pytest header."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .detect.model import Environment
+from .detect.versions import TESTED_VLLM_RANGE, is_tested_vllm
+
+
+@dataclass
+class Report:
+    mode: str  # "static" (files only) or "runtime" (imported and applied)
+    static: Environment
+    patches: list  # Decisions
+    runtime: Environment | None = None
+    runtime_error: str | None = None
+    mismatches: list[str] = field(default_factory=list)
+
+    @property
+    def environment(self) -> Environment:
+        return self.runtime or self.static
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every target is handled or there is nothing to do; 1 on a refusal, a runtime failure, or
+        static and runtime detection disagreeing."""
+        refused = any(d.action == "refused" for d in self.patches)
+        return 1 if refused or self.mismatches or self.runtime_error else 0
+
+    def to_dict(self) -> dict:
+        env = self.environment
+        data = {
+            "mode": self.mode,
+            "vllm": {
+                "version": env.vllm_version,
+                "level": env.vllm.level,
+                "tested": is_tested_vllm(env.vllm_version),
+                "capabilities": env.vllm.to_dict(),
+            },
+            "vllm_omni": {
+                "version": env.vllm_omni_version,
+                "loader_kind": env.loader.kind,
+                "loader_detail": env.loader.detail,
+                "meta_device_methods": list(env.omni_meta_device_methods),
+            },
+            "torch": {"version": env.torch_version},
+            "patches": [d.to_dict() for d in self.patches],
+            "mismatches": list(self.mismatches),
+            "runtime_error": self.runtime_error,
+            "exit_code": self.exit_code,
+        }
+        return data
+
+    def header_line(self) -> str:
+        env = self.environment
+        patches = ", ".join(f"{d.name}={d.action}" + (f"/{d.variant}" if d.variant else "") for d in self.patches)
+        return (
+            f"vllm-compat: vllm {env.vllm_version or 'absent'} ({env.vllm.level}), "
+            f"vllm-omni {env.vllm_omni_version or 'absent'} (loader {env.loader.kind}); {patches}"
+        )
+
+    def render_table(self) -> str:
+        env = self.environment
+        caps = env.vllm
+        yes = {True: "yes", False: "no"}
+        tested = is_tested_vllm(env.vllm_version)
+        tested_note = {True: "tested", False: "UNTESTED (outside %s-%s)" % TESTED_VLLM_RANGE, None: ""}[tested]
+        finalize = f"yes ({', '.join(caps.finalize_params)})" if caps.has_layerwise_finalize else "no"
+        how = "read from files, nothing imported" if self.mode == "static" else "imported and applied live"
+        lines = [
+            f"vllm-compat doctor ({self.mode}: {how})",
+            "",
+            f"  vllm       {env.vllm_version or 'not installed':<14} level: {caps.level}  {tested_note}".rstrip(),
+        ]
+        if caps.installed:
+            lines.append(
+                f"             uses_meta_device: {yes[caps.has_uses_meta_device]}   layerwise finalize: {finalize}"
+                f"   initialize_online_processing: {yes[caps.has_initialize_online_processing]}"
+            )
+        lines.append(f"  vllm-omni  {env.vllm_omni_version or 'not installed':<14} loader: {env.loader.kind}"
+                     + (f" ({env.loader.detail})" if env.loader.detail else ""))
+        if env.omni_meta_device_methods:
+            names = ", ".join(m.rsplit(":", 1)[-1] for m in env.omni_meta_device_methods)
+            lines.append(f"             own meta-device quant methods: {names}")
+        lines.append(f"  torch      {env.torch_version or 'not installed'}")
+        lines.append("")
+        width = max([len(d.name) for d in self.patches] + [5])
+        lines.append(f"  {'patch':<{width}}  {'action':<8}  {'variant':<9}  why")
+        for d in self.patches:
+            lines.append(f"  {d.name:<{width}}  {d.action:<8}  {d.variant or '-':<9}  {d.reason}")
+        if self.mode == "static":
+            lines.append("  (static: 'patched' means it will be patched when vllm-omni's loader is imported)")
+        if self.runtime_error:
+            lines += ["", f"  runtime: {self.runtime_error}"]
+        for mismatch in self.mismatches:
+            lines.append(f"  MISMATCH static vs runtime: {mismatch}")
+        lines += ["", f"  verdict: {self._verdict()}"]
+        return "\n".join(lines)
+
+    def _verdict(self) -> str:
+        if self.runtime_error:
+            return "FAIL: the runtime check could not complete (see above)."
+        if self.mismatches:
+            return "FAIL: static and runtime detection disagree; please report it with this output."
+        if any(d.action == "refused" for d in self.patches):
+            return "ATTENTION: a target was refused; the worker runs unpatched (see 'why')."
+        return "OK: every target is handled, or there is nothing to do."
+
+
+def compare_environments(static: Environment, runtime: Environment) -> list[str]:
+    """Human-readable differences between what the files say and what the imported modules say."""
+    mismatches = []
+    if static.vllm.to_dict() != runtime.vllm.to_dict():
+        mismatches.append(f"vllm capabilities {static.vllm.to_dict()} != {runtime.vllm.to_dict()}")
+    if static.loader.kind != runtime.loader.kind:
+        mismatches.append(f"loader kind {static.loader.kind} != {runtime.loader.kind}")
+    if set(static.omni_meta_device_methods) != set(runtime.omni_meta_device_methods):
+        mismatches.append(
+            f"vllm-omni meta-device methods {sorted(static.omni_meta_device_methods)} != "
+            f"{sorted(runtime.omni_meta_device_methods)}"
+        )
+    return mismatches
+
+
+def build_report(runtime: bool = False) -> Report:
+    """Detect statically; with ``runtime`` also import, apply and compare. Decisions already made in this
+    process are reported as they are; otherwise the static decision is what the import hook will do."""
+    from .activate import apply, current_decisions
+    from .config import read_controls
+    from .decide import decide_loader_patch
+    from .detect.static import detect_static
+    from .patches.catalogue import DIFFUSERS_LOADER
+
+    static = detect_static()
+    if not runtime:
+        planned = [decide_loader_patch(static, read_controls(), DIFFUSERS_LOADER.id, DIFFUSERS_LOADER.target_path)]
+        recorded = {d.name: d for d in current_decisions() if d.action != "pending"}
+        patches = [recorded.get(d.name, d) for d in planned]
+        return Report(mode="static", static=static, patches=patches)
+
+    from .detect.runtime import detect_runtime
+
+    try:
+        live = detect_runtime()
+    except Exception as exc:  # noqa: BLE001 - the point is to show the user what breaks a worker
+        return Report(
+            mode="runtime",
+            static=static,
+            patches=[decide_loader_patch(static, read_controls(), DIFFUSERS_LOADER.id, DIFFUSERS_LOADER.target_path)],
+            runtime_error=f"importing vLLM / vllm-omni failed: {type(exc).__name__}: {exc}",
+        )
+    return Report(
+        mode="runtime",
+        static=static,
+        runtime=live,
+        patches=apply(),
+        mismatches=compare_environments(static, live),
+    )
