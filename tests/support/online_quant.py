@@ -40,11 +40,13 @@ from torch import nn
 from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
-try:  # vLLM >= the release that introduced online layerwise processing.
+# Both are absent in vLLM 0.18.1: it has ``uses_meta_device`` but its online FP8
+# method materializes weights in its own patched loader, not layerwise.
+try:
     from vllm.model_executor.model_loader.reload.layerwise import (
         initialize_online_processing,
     )
-except ImportError:  # older vLLM: meta weights stay on meta until processed.
+except ImportError:  # weights then stay on meta until processed (as meta).
     initialize_online_processing = None
 
 try:
@@ -59,6 +61,7 @@ __all__ = [
     "FP8_MAX",
     "HAS_ONLINE_PROCESSING",
     "HAS_FINALIZE",
+    "PROCESSED_FLAG",
     "DEFAULT_STRAGGLERS",
     "STACKED_PARAMS",
     "Straggler",
@@ -79,7 +82,8 @@ __all__ = [
     "ungated_process_weights_after_loading",
     "ensure_process_group",
     "fsdp_model",
-    "fsdp_processed_weight_used",
+    "ForwardProbe",
+    "probe_forward",
 ]
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -102,11 +106,12 @@ def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-tensor FP8 quantization: ``(fp8 weight, float32 scale)``.
 
     Public so tests can compute the expected processed values from the
-    checkpoint tensors.  The scale is clamped away from zero so an all-zero
+    checkpoint tensors.  The scale has shape ``(1,)`` like vLLM's per-tensor
+    scale (FSDP2 also rejects 0-d parameters).  The scale is clamped away from zero so an all-zero
     weight quantizes to zeros instead of NaN.  A ``meta`` input gives ``meta``
     outputs (older vLLM without ``finalize_layerwise_processing``).
     """
-    amax = weight.detach().abs().amax().to(torch.float32)
+    amax = weight.detach().abs().amax().to(torch.float32).reshape(1)
     scale = (amax / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
     qweight = (weight.detach().to(torch.float32) / scale).clamp(-FP8_MAX, FP8_MAX)
     return qweight.to(FP8_DTYPE), scale
@@ -166,7 +171,13 @@ class _CpuFp8MethodBase(QuantizeMethodBase):
         x: torch.Tensor,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Linear with the dequantized weight (or the raw one if unprocessed)."""
+        """Linear with the dequantized weight (or the raw one if unprocessed).
+
+        Records the dtype of the weight actually used in
+        ``layer._test_apply_weight_dtype``: FSDP can swap ``layer.weight``
+        behind the method's back (see :func:`fsdp_model`).
+        """
+        layer._test_apply_weight_dtype = layer.weight.dtype
         weight = layer.weight.to(torch.float32)
         scale = getattr(layer, "weight_scale", None)
         if scale is not None:
@@ -234,13 +245,9 @@ class QuantLinear(nn.Module):
         self.n_shards = n_shards
         self.quant_method = quant_method
         loader = fused_shard_loader if n_shards > 1 else default_weight_loader
-        quant_method.create_weights(
-            self, in_features, self.out_features, dtype, weight_loader=loader
-        )
+        quant_method.create_weights(self, in_features, self.out_features, dtype, weight_loader=loader)
         if bias:
-            self.bias = nn.Parameter(
-                torch.zeros(self.out_features, dtype=dtype), requires_grad=False
-            )
+            self.bias = nn.Parameter(torch.zeros(self.out_features, dtype=dtype), requires_grad=False)
             self.bias.weight_loader = default_weight_loader  # type: ignore[attr-defined]
         else:
             self.bias = None
@@ -256,9 +263,7 @@ class Block(nn.Module):
     (see :data:`STACKED_PARAMS`); ``norm`` has no ``quant_method``.
     """
 
-    def __init__(
-        self, hidden: int, method_cls: type[_CpuFp8MethodBase], dtype: torch.dtype
-    ) -> None:
+    def __init__(self, hidden: int, method_cls: type[_CpuFp8MethodBase], dtype: torch.dtype) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(hidden, dtype=dtype)
         self.proj_in = QuantLinear(hidden, hidden, method_cls(), n_shards=2, dtype=dtype)
@@ -282,7 +287,7 @@ class Straggler:
 
 
 class TinyDiT(nn.Module):
-    """A stack of :class:`Block`; remembers its default stragglers."""
+    """A stack of :class:`Block`; remembers its default stragglers and seed."""
 
     def __init__(
         self,
@@ -291,10 +296,12 @@ class TinyDiT(nn.Module):
         method_cls: type[_CpuFp8MethodBase],
         dtype: torch.dtype,
         stragglers: Sequence[Straggler],
+        seed: int,
     ) -> None:
         super().__init__()
         self.hidden = hidden
         self.dtype = dtype
+        self.seed = seed
         self.blocks = nn.ModuleList(Block(hidden, method_cls, dtype) for _ in range(n_layers))
         self.stragglers = tuple(stragglers)
 
@@ -330,11 +337,11 @@ def build_model(
     ``stragglers`` is stored on the model as the default for
     :func:`load_checkpoint`; straggler layer names must exist (checked here so
     a typo cannot silently turn a straggler test into a fully-loaded one).
-    ``seed`` makes the (non-quantized) construction deterministic.
+    Construction draws no random numbers; ``seed`` is stored as the default
+    checkpoint seed of :func:`make_checkpoint`.
     """
-    torch.manual_seed(seed)
     method_cls = CpuFp8OnlineMethod if online else CpuFp8OfflineMethod
-    model = TinyDiT(n_layers, hidden, method_cls, dtype, stragglers)
+    model = TinyDiT(n_layers, hidden, method_cls, dtype, stragglers, seed)
     names = dict(model.named_modules())
     for straggler in stragglers:
         layer = names.get(straggler.layer)
@@ -367,23 +374,25 @@ def _checkpoint_names(model: nn.Module) -> dict[str, tuple[str, int | None, tupl
 
 
 def make_checkpoint(
-    model: nn.Module, seed: int = 0, dtype: torch.dtype | None = None
+    model: nn.Module, seed: int | None = None, dtype: torch.dtype | None = None
 ) -> dict[str, torch.Tensor]:
     """Deterministic full checkpoint (no stragglers applied) for ``model``.
 
-    Values come from a CPU generator seeded with ``seed``, in ``dtype``
+    Call it on a freshly built model.  Values come from a private CPU
+    generator seeded with ``seed`` (default: ``model.seed``), in ``dtype``
     (default: the model's dtype, bf16 unless built otherwise).  Fused layers
     appear under their checkpoint names (``to_gate``/``to_up``).
     """
     dtype = dtype or getattr(model, "dtype", torch.bfloat16)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(getattr(model, "seed", 0) if seed is None else seed)
     return {
         name: torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
         for name, (_, _, shape) in _checkpoint_names(model).items()
     }
 
 
-def _is_skipped(ckpt_name: str, shard_id: int | None, layer: str, stragglers: Sequence[Straggler]) -> bool:
+def _is_skipped(layer: str, shard_id: int | None, stragglers: Sequence[Straggler]) -> bool:
+    """Whether a straggler rule withholds this (layer, shard) from loading."""
     for straggler in stragglers:
         if layer != straggler.layer:
             continue
@@ -407,6 +416,10 @@ def load_checkpoint(
     has none).  ``stragglers`` (default: ``model.stragglers``) are skipped:
     an ``absent`` layer receives nothing, a ``partial`` layer only shard 0.
     Returns the model parameter names that received data.
+
+    Afterwards, with vLLM's layerwise processing, fully loaded online layers
+    hold fp8 weights while stragglers keep ``weight`` on ``meta``; note that a
+    forward then does not raise but silently yields a ``meta`` output.
     """
     if stragglers is None:
         stragglers = getattr(model, "stragglers", ())
@@ -415,7 +428,7 @@ def load_checkpoint(
     for ckpt_name, tensor in checkpoint.items():
         param_name, shard_id, _ = names[ckpt_name]
         layer = param_name.rpartition(".")[0]
-        if _is_skipped(ckpt_name, shard_id, layer, stragglers):
+        if _is_skipped(layer, shard_id, stragglers):
             continue
         # Look the param up each time: processing replaces ``weight``.
         param = model.get_parameter(param_name)
@@ -528,9 +541,102 @@ def ensure_process_group() -> None:
         return
     store_dir = tempfile.mkdtemp(prefix="online_quant_pg_")
     store = dist.FileStore(os.path.join(store_dir, "store"), 1)
-    dist.init_process_group(
-        "gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60)
-    )
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
 
 
-FSDP_DOC_PLACEHOLDER = None
+def fsdp_model(
+    n_layers: int = 4,
+    hidden: int = 16,
+    online: bool = True,
+    stragglers: Sequence[Straggler] = (),
+    seed: int = 0,
+    checkpoint_seed: int = 1,
+) -> tuple[TinyDiT, dict[str, torch.Tensor]]:
+    """Build, load and FSDP2-shard a model; return ``(model, checkpoint)``.
+
+    Each block, then the root, is wrapped with ``fully_shard`` on a 1-rank
+    gloo group (:func:`ensure_process_group`), i.e. loading happens *before*
+    sharding, like vllm-omni's HSDP path; in vllm-omni 0.24.0 the loader's
+    ``_process_weights_after_loading`` then runs on the *sharded* model.
+
+    Findings, measured on CPU torch 2.13 (gloo, world size 1), vLLM 0.30.0:
+
+    * ``param.data = param.data.to("cpu")`` on a DTensor param does not raise
+      and is silently ignored: ``param.to_local()`` keeps the same storage, and
+      even ``param.data = param.data * 0`` leaves ``to_local()`` and the
+      forward output unchanged (FSDP all-gathers from its own sharded
+      storage).  So the ungated fix's per-parameter ``.data`` device moves are
+      no-ops on FSDP params (on CPU they are same-device anyway; across
+      devices the shard would simply stay where it was).
+    * Processing an already sharded module (ungated fix, vllm-omni 0.24.0's
+      legacy ``module.to`` path, and 0.30.0's gated path all behave alike on
+      CPU, since no device move is needed) quantizes the DTensor weight into
+      new *DTensor* ``weight`` (fp8) / ``weight_scale`` Parameters that FSDP
+      does not manage.  FSDP's pre-forward unshard then re-installs the
+      all-gathered *original* bf16 weight, so the processed weight is lost;
+      the forward then raises ``RuntimeError: aten.mul.Tensor got mixed
+      torch.Tensor and DTensor, need to convert all torch.Tensor to DTensor
+      before calling distributed operators!`` (bf16 plain weight times DTensor
+      scale).  It is loud here only because the scale is a DTensor; a method
+      whose processed tensors end up plain would silently compute with the
+      unquantized weight.
+    * Online layers processed *during loading* are sharded as fp8 + scale
+      and the forward matches an unsharded processed model exactly.
+    * Stragglers left on ``meta`` are sharded as meta DTensors; vLLM's
+      ``finalize_layerwise_processing`` then fails in ``materialize_meta_tensor``
+      with ``TypeError: __class__ assignment: 'DTensor' object layout differs
+      from 'Tensor'``, and a forward raises ``RuntimeError: FSDP parameters
+      should be materialized from meta device before training, but the
+      following were still on meta device: [...]``.  Hence the default
+      ``stragglers=()`` here.
+
+    The check that tells "processed weights used" from "lost": run
+    :func:`probe_forward` and assert every quant layer applied an fp8 weight
+    (``weight_dtypes``) and that the output equals an unsharded, processed
+    reference; "lost" shows as a bf16 applied weight (plus, here, an error).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    ensure_process_group()
+    model = build_model(n_layers, hidden, online=online, stragglers=stragglers, seed=seed)
+    checkpoint = make_checkpoint(model, checkpoint_seed)
+    load_checkpoint(model, checkpoint)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model, checkpoint
+
+
+@dataclass
+class ForwardProbe:
+    """Outcome of :func:`probe_forward`."""
+
+    output: torch.Tensor | None
+    error: BaseException | None
+    #: quant layer name -> dtype of the weight its ``apply`` saw (None: not reached)
+    weight_dtypes: dict[str, torch.dtype | None]
+
+    @property
+    def used_processed_weights(self) -> bool:
+        """True when every quant layer computed with its fp8 weight."""
+        return self.error is None and all(d == FP8_DTYPE for d in self.weight_dtypes.values())
+
+
+def probe_forward(model: nn.Module, x: torch.Tensor) -> ForwardProbe:
+    """Run ``model(x)`` and report which weight dtype each quant layer used.
+
+    Errors are captured rather than raised so a test can assert on both the
+    failure and on what the layers saw before it.
+    """
+    layers = quant_layers(model)
+    for layer in layers.values():
+        layer.__dict__.pop("_test_apply_weight_dtype", None)
+    output: torch.Tensor | None = None
+    error: BaseException | None = None
+    try:
+        with torch.no_grad():
+            output = model(x)
+    except Exception as exc:  # noqa: BLE001 - reported to the caller
+        error = exc
+    dtypes = {name: getattr(layer, "_test_apply_weight_dtype", None) for name, layer in layers.items()}
+    return ForwardProbe(output, error, dtypes)

@@ -1,0 +1,160 @@
+"""Activation against the real vllm-omni loader, each case in a fresh interpreter."""
+
+import json
+
+import pytest
+
+from conftest import needs_omni, run_python
+
+LOADER = "vllm_omni.diffusion.model_loader.diffusers_loader"
+
+
+@needs_omni
+def test_hook_patches_once_under_racing_threads_reload_and_revert():
+    result = run_python(
+        f"""
+        import importlib, inspect, io, json, logging, sys, threading
+        stream = io.StringIO()
+        handler = logging.StreamHandler(stream)
+        logging.getLogger("vllm_compat").addHandler(handler)
+        logging.getLogger("vllm_compat").setLevel(logging.INFO)
+        import vllm_compat
+        from vllm_compat.patches.diffusers_loader import installed_variant
+
+        barrier = threading.Barrier(16)
+        def race(i):
+            barrier.wait()
+            if i % 2:
+                importlib.import_module("{LOADER}")
+            else:
+                vllm_compat.apply()
+        threads = [threading.Thread(target=race, args=(i,)) for i in range(16)]
+        [t.start() for t in threads]; [t.join() for t in threads]
+        vllm_compat.apply(); vllm_compat.apply()          # after the hook fired: no-ops
+        module = sys.modules["{LOADER}"]
+        cls = module.DiffusersPipelineLoader
+        patched = vars(cls)["_process_weights_after_loading"]
+        original = patched.__wrapped__
+        out = dict(
+            variant=installed_variant(cls),
+            info_lines=stream.getvalue().count("vllm_compat: patched"),
+            name=patched.__name__, doc=patched.__doc__ == original.__doc__,
+            signature=str(inspect.signature(patched)) == str(inspect.signature(original)),
+            decisions=[d.to_dict() for d in vllm_compat.apply()],
+        )
+        vllm_compat.revert()
+        out["reverted_exact"] = vars(cls)["_process_weights_after_loading"] is original
+        importlib.reload(module)                          # suspended: the reloaded class stays original
+        out["after_revert_reload"] = installed_variant(module.DiffusersPipelineLoader)
+        vllm_compat.apply()
+        out["after_apply"] = installed_variant(module.DiffusersPipelineLoader)
+        importlib.reload(module)                          # hooked again on reload
+        out["after_reload"] = installed_variant(module.DiffusersPipelineLoader)
+        print("RESULT" + json.dumps(out))
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.split("RESULT", 1)[1])
+    assert out["variant"] in ("legacy", "meta_safe") or out["decisions"][0]["action"] == "skipped"
+    if out["variant"]:
+        assert out["info_lines"] == 1
+        assert out["name"] == "_process_weights_after_loading" and out["doc"] and out["signature"]
+        assert out["reverted_exact"] is True
+        assert out["after_revert_reload"] is None
+        assert out["after_apply"] == out["variant"] == out["after_reload"]
+    assert out["decisions"][0]["action"] in ("patched", "skipped")
+
+
+@needs_omni
+def test_real_omni_plugin_loader_activates_the_shim_in_a_spawned_process(tmp_path):
+    # vllm-omni's own load_omni_general_plugins() finds our entry point and calls it in a spawned worker,
+    # which never imported vllm_compat itself.
+    result = run_python(
+        f"""
+        import multiprocessing as mp
+
+        def worker(queue):
+            import sys
+            from vllm_omni.plugins import load_omni_general_plugins
+            assert "vllm_compat" not in sys.modules
+            load_omni_general_plugins()
+            load_omni_general_plugins()
+            import importlib
+            module = importlib.import_module("{LOADER}")
+            from vllm_compat import current_decisions
+            from vllm_compat.patches.diffusers_loader import installed_variant
+            queue.put((installed_variant(module.DiffusersPipelineLoader), [d.action for d in current_decisions()]))
+
+        if __name__ == "__main__":
+            ctx = mp.get_context("spawn")
+            queue = ctx.Queue()
+            process = ctx.Process(target=worker, args=(queue,))
+            process.start()
+            print("RESULT", queue.get(timeout=240))
+            process.join()
+        """,
+        script=tmp_path / "spawn_worker.py",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    variant, actions = eval(result.stdout.split("RESULT", 1)[1])
+    assert actions in (["patched"], ["skipped"])
+    assert (variant is not None) == (actions == ["patched"])
+
+
+@needs_omni
+def test_disable_leaves_the_loader_untouched():
+    result = run_python(
+        f"""
+        import importlib, vllm_compat
+        module = importlib.import_module("{LOADER}")
+        from vllm_compat.patches.diffusers_loader import installed_variant
+        print(installed_variant(module.DiffusersPipelineLoader), [d.action for d in vllm_compat.apply()],
+              vllm_compat.report().to_dict()["patches"][0]["action"])
+        """,
+        env={"VLLM_COMPAT_DISABLE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-3:] == ["None", "['disabled']", "disabled"]
+
+
+@needs_omni
+def test_invalid_variant_fails_the_import_loudly_then_a_valid_one_patches():
+    result = run_python(
+        f"""
+        import importlib, os, sys, vllm_compat
+        from vllm_compat.errors import ConfigError
+        try:
+            importlib.import_module("{LOADER}")
+        except ConfigError as exc:
+            print("ERROR", exc)
+        os.environ["VLLM_COMPAT_LOADER_VARIANT"] = "legacy"
+        module = importlib.import_module("{LOADER}")
+        from vllm_compat.patches.diffusers_loader import installed_variant
+        print("VARIANT", installed_variant(module.DiffusersPipelineLoader))
+        """,
+        env={"VLLM_COMPAT_LOADER_VARIANT": "fastest"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ERROR VLLM_COMPAT_LOADER_VARIANT='fastest' is not a loader variant" in result.stdout
+    assert "VARIANT legacy" in result.stdout  # forced: patched whatever the loader shape
+
+
+def test_apply_without_vllm_omni_loaded_is_pending_and_imports_nothing():
+    result = run_python(
+        """
+        import sys, vllm_compat
+        decisions = vllm_compat.apply()
+        print(decisions[0].action, sorted(m for m in ("torch", "vllm", "vllm_omni") if m in sys.modules))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "pending []"
+
+
+def test_invalid_control_raises_from_apply():
+    result = run_python("import vllm_compat; vllm_compat.apply()", env={"VLLM_COMPAT_STRICT": "sometimes"})
+    assert result.returncode == 1
+    assert "ConfigError: VLLM_COMPAT_STRICT='sometimes' is not a valid switch" in result.stderr
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -1,0 +1,33 @@
+import pytest
+
+from vllm_compat.config import Controls, read_controls
+from vllm_compat.errors import ConfigError
+
+
+def test_defaults_when_nothing_is_set():
+    assert read_controls({}) == Controls(disabled=False, loader_variant="auto", strict=False)
+
+
+@pytest.mark.parametrize("value", ["1", "true", "YES", " on "])
+def test_disable_accepts_true_spellings(value):
+    assert read_controls({"VLLM_COMPAT_DISABLE": value}).disabled
+
+
+def test_forced_variant_is_read_case_insensitively():
+    controls = read_controls({"VLLM_COMPAT_LOADER_VARIANT": "Meta_Safe"})
+    assert controls.loader_variant == "meta_safe" and controls.is_forced
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "allowed"),
+    [
+        ("VLLM_COMPAT_LOADER_VARIANT", "metasafe", "auto, legacy, meta_safe"),
+        ("VLLM_COMPAT_DISABLE", "maybe", "1/true/yes/on"),
+        ("VLLM_COMPAT_STRICT", "2", "1/true/yes/on"),
+    ],
+)
+def test_invalid_value_names_variable_value_and_allowed_values(name, value, allowed):
+    with pytest.raises(ConfigError) as excinfo:
+        read_controls({name: value})
+    message = str(excinfo.value)
+    assert name in message and repr(value) in message and allowed in message

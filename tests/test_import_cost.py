@@ -1,0 +1,34 @@
+"""`import vllm_compat` runs in every worker: it must register the hook and import nothing heavy."""
+
+from conftest import run_python
+
+HEAVY = ["torch", "vllm", "vllm_omni", "wrapt", "logging", "asyncio", "dataclasses", "inspect", "packaging"]
+
+
+def test_import_loads_no_heavy_module_and_registers_the_hook():
+    result = run_python(
+        f"""
+        import sys
+        before = set(sys.modules)
+        import vllm_compat
+        loaded = set(sys.modules) - before
+        heavy = sorted(m for m in loaded if m.split('.')[0] in {HEAVY!r})
+        finders = [type(f).__name__ for f in sys.meta_path if getattr(f, '_vllm_compat_finder', False)]
+        print(heavy, finders)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[] ['PostImportFinder']"
+
+
+def test_reimporting_does_not_stack_finders():
+    result = run_python(
+        """
+        import importlib, sys, vllm_compat, vllm_compat.hooks
+        importlib.reload(vllm_compat)
+        vllm_compat.install_import_hook()
+        print(sum(getattr(f, '_vllm_compat_finder', False) for f in sys.meta_path))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1"

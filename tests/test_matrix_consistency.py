@@ -1,0 +1,28 @@
+"""In a nox matrix cell: static scan == runtime detection == the expectations written in matrix/vllm.toml."""
+
+import os
+
+import pytest
+
+from vllm_compat import report
+
+EXPECTED = {key: os.environ.get(f"VLLM_COMPAT_EXPECT_{key.upper()}") for key in ("level", "loader", "action", "variant")}
+pytestmark = pytest.mark.skipif(
+    not os.environ.get("VLLM_COMPAT_CELL"), reason="runs inside a nox matrix cell (VLLM_COMPAT_CELL unset)"
+)
+
+
+@pytest.mark.parametrize("runtime", [False, True], ids=["static", "runtime"])
+def test_cell_matches_matrix_expectations(runtime):
+    result = report(runtime=runtime)
+    data = result.to_dict()
+    found = {
+        "level": data["vllm"]["level"],
+        "loader": data["vllm_omni"]["loader_kind"],
+        "action": data["patches"][0]["action"],
+        "variant": data["patches"][0]["variant"],
+    }
+    assert {k: v for k, v in found.items() if EXPECTED[k] is not None} == {
+        k: v for k, v in EXPECTED.items() if v is not None
+    }, f"cell {os.environ['VLLM_COMPAT_CELL']}"
+    assert result.mismatches == [] and result.runtime_error is None
