@@ -88,7 +88,7 @@ def check_layerwise() -> None:
     print(f"  meta params before load: {before}, after load: {oq.meta_param_names(model)}")
     print(f"    {processing_summary(model)}")
     print(f"  processed values == quantize_fp8(checkpoint): {check_values(model, checkpoint)}")
-    print(f"  forward while stragglers on meta -> {probe_error(model)}")
+    print(f"  forward while stragglers on meta (output is uninitialized memory) -> {probe_error(model)}")
 
 
 def probe_error(model: torch.nn.Module) -> str:

@@ -418,8 +418,10 @@ def load_checkpoint(
     Returns the model parameter names that received data.
 
     Afterwards, with vLLM's layerwise processing, fully loaded online layers
-    hold fp8 weights while stragglers keep ``weight`` on ``meta``; note that a
-    forward then does not raise but silently yields a ``meta`` output.
+    hold fp8 weights while stragglers keep ``weight`` on ``meta``.  Beware: a
+    forward then does not raise; on CPU torch 2.13 ``F.linear`` with a CPU
+    input and a ``meta`` weight returns a *CPU* tensor of uninitialized
+    memory, so the output is silently garbage (compare values, not devices).
     """
     if stragglers is None:
         stragglers = getattr(model, "stragglers", ())
