@@ -12,8 +12,8 @@ production switch must never be silently ignored.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from .errors import ConfigError
 

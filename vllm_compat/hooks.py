@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Callable
 
 _lock = threading.Lock()
-_callbacks: dict[str, list[Callable]] = {}
+_callbacks: dict[str, list] = {}  # module name -> callables taking the module
 _resolving = threading.local()
 
 
@@ -84,7 +83,7 @@ def run_callbacks(fullname: str, module) -> None:
         callback(module)
 
 
-def register_post_import_hook(fullname: str, callback: Callable) -> None:
+def register_post_import_hook(fullname: str, callback) -> None:
     """Call ``callback(module)`` after ``fullname`` is imported (each time: reloads too), or now if it already
     is. Registering the same callback twice is a no-op."""
     with _lock:

@@ -1,15 +1,19 @@
 """The loader classifier on real vllm-omni sources and on shapes no release has (source text only)."""
 
-import inspect
 import textwrap
 
 import pytest
-
 from packaging.version import Version
 
 from conftest import OMNI_VERSION, needs_omni
 from vllm_compat.detect.model import LoaderKind, VllmCapabilities, VllmLevel, classify_loader_source
-from vllm_compat.detect.static import LOADER_CLASS, LOADER_METHOD, OMNI_LOADER_FILE, SourceTree, installed_package_root
+from vllm_compat.detect.static import (
+    LOADER_CLASS,
+    LOADER_METHOD,
+    OMNI_LOADER_FILE,
+    SourceTree,
+    installed_package_root,
+)
 
 UNGATED = '''
 class DiffusersPipelineLoader:

@@ -44,8 +44,8 @@ def shapes(loader_module):
 
 @pytest.fixture(scope="module")
 def deps():
-    from vllm_compat.patches.diffusers_loader import resolve_deps
     from vllm_compat.detect.runtime import probe_vllm
+    from vllm_compat.patches.diffusers_loader import resolve_deps
 
     return resolve_deps(probe_vllm().has_compatible_finalize)
 
@@ -145,7 +145,7 @@ def test_meta_safe_processes_an_offline_model_like_legacy(oq, deps):
         process(oq.LoaderShaped(), model, CPU, deps=deps)
         assert_fully_processed(oq, model)
         models.append(model)
-    for (name, a), (_, b) in zip(models[0].named_parameters(), models[1].named_parameters()):
+    for (name, a), (_, b) in zip(models[0].named_parameters(), models[1].named_parameters(), strict=True):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
 
 

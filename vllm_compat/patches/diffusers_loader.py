@@ -14,8 +14,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -190,7 +191,7 @@ def check_contract(original: Callable, shape: LoaderShape) -> None:
         )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _wrapper_type():
     import wrapt  # imported here, not on `import vllm_compat`: it costs tens of milliseconds
 
