@@ -105,6 +105,24 @@ def _process_sharded_module(module, quant_method, target_device) -> None:
     quant_method.process_weights_after_loading(module)
 
 
+def _refuse_sharded_stragglers(quant_modules) -> None:
+    """vLLM's finalize cannot materialize a meta param that FSDP has already sharded (it fails deep inside with
+    "__class__ assignment: 'DTensor' object layout differs from 'Tensor'"): say what and where instead."""
+    sharded_meta = [
+        f"{type(module).__name__}.{name}"
+        for module, _ in quant_modules
+        for name, param in module.named_parameters()
+        if param.device.type == "meta" and type(param.data) is not torch.Tensor
+    ]
+    if sharded_meta:
+        raise UnsupportedLayoutError(
+            f"{len(sharded_meta)} sharded (FSDP/HSDP DTensor) parameter(s) are still on meta: "
+            f"{', '.join(sharded_meta[:5])}. These layers were not fully loaded before the model was sharded, and "
+            f"vLLM's layerwise finalize cannot materialize sharded params. Process weights before fully_shard "
+            f"(as vllm-omni >= 0.26 does), or make the checkpoint cover these layers."
+        )
+
+
 def _warn_meta_leftovers(model) -> None:
     left = [name for name, p in model.named_parameters() if p.device.type == "meta"]
     if left:
@@ -141,6 +159,7 @@ def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loade
         p.device.type == "meta" for module, _ in quant_modules for p in module.parameters()
     )
     if online and deps.finalize is not None:
+        _refuse_sharded_stragglers(quant_modules)
         # model_config is only read for vLLM Attention layers, which diffusion models do not have.
         deps.finalize(model, None)
     for module, quant_method in quant_modules:
