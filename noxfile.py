@@ -1,8 +1,12 @@
 """Test sessions over real vLLM / vllm-omni releases, built from matrix/vllm.toml.
 
     nox -s tests          the default cells (CI)
-    nox -s matrix         every cell
+    nox -s matrix         every cell, one after another, ending with a table (also in matrix/last-run.md)
+    nox -s refresh        recompute matrix/vllm.toml's expectations from the real wheels (static scan)
     nox -s lint           ruff
+
+`matrix` picks cells with VLLM_COMPAT_CELLS="id,id" (default: all), passes posargs to pytest, and deletes each
+cell's venv after it ran unless VLLM_COMPAT_MATRIX_KEEP=1 (a cell env is 6-7 GB before uv's hardlinks).
 
 Torch: vLLM wheels pin an exact CUDA torch. On a CPU machine we override it with the CPU build named by
 VLLM_COMPAT_TORCH (default "2.13.0", looked up in VLLM_COMPAT_FIND_LINKS, default /opt/wheels when it exists).
@@ -11,11 +15,15 @@ Set VLLM_COMPAT_TORCH=pinned on a GPU machine to keep vLLM's own pin.
 
 from __future__ import annotations
 
+import json
 import os
-import tomllib
+import shutil
+import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import nox
+import tomllib
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["tests"]
@@ -52,12 +60,20 @@ def _install_cell(session: nox.Session, cell: dict) -> None:
                     silent=True)
 
 
+def _cell_env(cell: dict) -> dict:
+    """The VLLM_COMPAT_EXPECT_* variables tests/test_matrix_consistency.py checks the cell against."""
+    expect = cell.get("expect", {})
+    env = {f"VLLM_COMPAT_EXPECT_{key.upper()}": value for key, value in expect.items()}
+    if "unresolved" in cell:
+        env["VLLM_COMPAT_EXPECT_UNRESOLVED"] = ",".join(cell["unresolved"])
+    env["VLLM_COMPAT_CELL"] = cell["id"]
+    return env
+
+
 def _run_cell(session: nox.Session, cell: dict) -> None:
     """Install the cell, print the doctor, run the whole suite with the cell's expectations."""
     _install_cell(session, cell)
-    expect = cell.get("expect", {})
-    env = {f"VLLM_COMPAT_EXPECT_{key.upper()}": value for key, value in expect.items()}
-    env["VLLM_COMPAT_CELL"] = cell["id"]
+    env = _cell_env(cell)
     session.run("python", "-m", "vllm_compat", "doctor", env=env, success_codes=[0, 1])
     session.run("pytest", "--strict-markers", *session.posargs, env=env)
 
@@ -69,11 +85,115 @@ def tests(session: nox.Session, cell: dict) -> None:
     _run_cell(session, cell)
 
 
-@nox.session(name="matrix")
-@nox.parametrize("cell", CELLS, ids=[c["id"] for c in CELLS])
-def matrix(session: nox.Session, cell: dict) -> None:
-    """Full test suite on every matrix cell."""
-    _run_cell(session, cell)
+def _junit_counts(path: Path) -> dict:
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return {"passed": 0, "failed": 0, "skipped": 0}
+    suites = [root] if root.tag == "testsuite" else list(root)
+    total = sum(int(s.get("tests", 0)) for s in suites)
+    failed = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
+    skipped = sum(int(s.get("skipped", 0)) for s in suites)
+    return {"passed": total - failed - skipped, "failed": failed, "skipped": skipped}
+
+
+def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
+    """Build the cell's venv with uv, run doctor --json and pytest in it; the row of the final table."""
+    venv = workdir / cell["id"]
+    python = str(venv / "bin" / "python")
+    row = {"cell": cell["id"], "ok": False}
+    started = time.monotonic()
+    cold = not venv.exists()
+    try:
+        if cold:
+            session.run("uv", "venv", "-q", "-p", "3.11", str(venv), external=True)
+        packages = [f"vllm=={cell['vllm']}"] + ([f"vllm-omni=={cell['vllm_omni']}"] if cell.get("vllm_omni") else [])
+        session.run("uv", "pip", "install", "-q", "-p", python, *packages, "-e", ".[test]",
+                    *_torch_override_args(session), external=True)
+        if os.environ.get("VLLM_COMPAT_TORCH", "2.13.0") != "pinned":
+            session.run("uv", "pip", "uninstall", "-q", "-p", python, *BROKEN_BESIDE_CPU_TORCH, external=True,
+                        silent=True)
+    except nox.command.CommandFailed as exc:
+        row.update(error=f"install failed: {exc.reason}", build_s=time.monotonic() - started, test_s=0.0)
+        return row
+    row["build_s"] = time.monotonic() - started
+    row["build"] = "cold" if cold else "warm"
+    env = {**os.environ, **_cell_env(cell)}
+    session.run(python, "-m", "vllm_compat", "doctor", env=env, external=True, success_codes=[0, 1])
+    doctor = session.run(python, "-m", "vllm_compat", "doctor", "--json", env=env, external=True, silent=True,
+                         success_codes=[0, 1])
+    try:
+        data = json.loads(doctor[doctor.index("{"):])  # stderr is merged in: skip any warning before the JSON
+        drift = data.get("import_drift")
+        patch = data["patches"][0]
+        row.update(
+            level=data["vllm"]["level"], loader=data["vllm_omni"]["loader_kind"],
+            decision=patch["action"] + (f"/{patch['variant']}" if patch["variant"] else ""),
+            drift="-" if drift is None else ("clean" if drift["ok"] else
+                                             f"{len(drift['unresolved'])} unresolved" if drift["import_ok"] else
+                                             "WILL NOT IMPORT: " + ", ".join(n.rsplit(".", 1)[-1]
+                                                                           for n in drift["blocking_names"])),
+        )
+    except (TypeError, ValueError, KeyError, IndexError) as exc:
+        row["error"] = f"doctor --json unreadable: {exc}"
+    junit = workdir / f"{cell['id']}.junit.xml"
+    test_started = time.monotonic()
+    try:
+        session.run(python, "-m", "pytest", "--strict-markers", "-q", f"--junitxml={junit}", *session.posargs,
+                    env=env, external=True)
+        row["ok"] = "error" not in row
+    except nox.command.CommandFailed:
+        pass
+    row["test_s"] = time.monotonic() - test_started
+    row.update(_junit_counts(junit))
+    return row
+
+
+def _render_matrix(rows: list[dict]) -> str:
+    header = ["cell", "level", "loader kind", "decision", "import drift", "tests passed/failed/skipped",
+              "seconds (build+tests)", "result"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        tests = f"{r.get('passed', 0)}/{r.get('failed', 0)}/{r.get('skipped', 0)}" if "passed" in r else "-"
+        seconds = f"{r.get('build_s', 0):.0f} ({r.get('build', '-')}) + {r.get('test_s', 0):.0f}"
+        lines.append("| " + " | ".join([
+            r["cell"], r.get("level", "-"), r.get("loader", "-"), r.get("decision", "-"), r.get("drift", "-"),
+            tests, seconds, "ok" if r["ok"] else f"FAIL{': ' + r['error'] if r.get('error') else ''}",
+        ]) + " |")
+    return "\n".join(lines)
+
+
+@nox.session(python=False)
+def matrix(session: nox.Session) -> None:
+    """Full test suite on every matrix cell (or VLLM_COMPAT_CELLS), ending with a table in matrix/last-run.md."""
+    wanted = [c for c in os.environ.get("VLLM_COMPAT_CELLS", "").split(",") if c]
+    unknown = set(wanted) - {c["id"] for c in CELLS}
+    if unknown:
+        session.error(f"unknown cells {sorted(unknown)}; known: {[c['id'] for c in CELLS]}")
+    cells = [c for c in CELLS if not wanted or c["id"] in wanted]
+    workdir = ROOT / ".nox" / "matrix-cells"
+    workdir.mkdir(parents=True, exist_ok=True)
+    keep = os.environ.get("VLLM_COMPAT_MATRIX_KEEP") == "1"
+    rows = []
+    for cell in cells:
+        session.log(f"=== cell {cell['id']}: vllm {cell['vllm']}, vllm-omni {cell.get('vllm_omni', '-')} ===")
+        rows.append(_matrix_cell(session, cell, workdir))
+        if not keep:
+            shutil.rmtree(workdir / cell["id"], ignore_errors=True)
+        table = _render_matrix(rows)  # rewritten after every cell: a long run leaves a partial table behind
+        (ROOT / "matrix" / "last-run.md").write_text(
+            f"# nox -s matrix, {time.strftime('%Y-%m-%d %H:%M')}\n\n{table}\n")
+    print(table)
+    failed = [r["cell"] for r in rows if not r["ok"]]
+    if failed:
+        session.error(f"cells failed: {', '.join(failed)}")
+
+
+@nox.session
+def refresh(session: nox.Session) -> None:
+    """Recompute matrix/vllm.toml's expectations from downloaded release wheels (posargs: --write, cell ids)."""
+    session.install("pip", "-e", ".")
+    session.run("python", "matrix/refresh.py", *session.posargs)
 
 
 @nox.session(python=False)

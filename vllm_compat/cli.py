@@ -22,31 +22,46 @@ def _doctor(args) -> int:
 def _scan(args) -> int:
     from pathlib import Path
 
+    from .detect.import_drift import check_import_drift
     from .detect.static import SourceTree, scan_tree
+    from .report import render_import_drift
 
-    results = []
+    against = None
+    if args.vllm is not None:
+        if not Path(args.vllm).exists():
+            print(f"vllm-compat scan: --vllm {args.vllm} does not exist.", file=sys.stderr)
+            return 2
+        against = SourceTree(Path(args.vllm))
+    results, drifts = [], []
     for raw in args.paths:
         path = Path(raw)
         if not path.exists():
             print(f"vllm-compat scan: {raw} does not exist; pass a wheel, an unpacked tree or a site-packages.",
                   file=sys.stderr)
             return 2
-        env = scan_tree(SourceTree(path))
+        tree = SourceTree(path)
+        env = scan_tree(tree)
+        # Import drift of a vllm-omni found here, against the vLLM beside it (or the one given by --vllm).
+        drift = check_import_drift(tree, tree if tree.has_package("vllm") or against is None else against)
+        drifts.append(drift)
         results.append({
             "path": raw,
             "vllm": {"version": env.vllm_version, "level": env.vllm.level, "capabilities": env.vllm.to_dict()},
             "vllm_omni": {"version": env.vllm_omni_version, "loader_kind": env.loader.kind,
                           "loader_detail": env.loader.detail,
                           "meta_device_methods": list(env.omni_meta_device_methods)},
+            "import_drift": drift.to_dict() if drift is not None else None,
         })
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        for r in results:
+        for r, drift in zip(results, drifts, strict=True):
             v, o = r["vllm"], r["vllm_omni"]
             print(f"{r['path']}\n  vllm {v['version'] or '-'}: level {v['level']}\n"
                   f"  vllm-omni {o['version'] or '-'}: loader {o['loader_kind']}"
                   + (f" ({o['loader_detail']})" if o['loader_detail'] else ""))
+            for line in render_import_drift(drift, indent="  "):
+                print(line)
     return 0
 
 
@@ -61,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     scan = commands.add_parser("scan", help="static capability profile of wheels, trees or site-packages")
     scan.add_argument("paths", nargs="+", metavar="PATH")
     scan.add_argument("--json", action="store_true", help="print the profiles as JSON")
+    scan.add_argument("--vllm", metavar="PATH", default=None,
+                      help="check vllm-omni's imports (import drift) against the vLLM in PATH when a scanned "
+                           "PATH holds vllm-omni without vLLM")
     scan.set_defaults(handler=_scan)
     return parser
 

@@ -16,6 +16,21 @@ class Report:
     runtime: Environment | None = None
     runtime_error: str | None = None
     mismatches: list[str] = field(default_factory=list)
+    # Static import-drift check of vllm-omni against the installed vLLM (detect.import_drift); computed on
+    # first use (~1 s), so header_line() stays cheap. None when vllm-omni or vLLM is absent.
+    _import_drift: object = field(default=..., repr=False)
+
+    @property
+    def import_drift(self):
+        if self._import_drift is ...:
+            from .detect.import_drift import detect_import_drift
+
+            self._import_drift = detect_import_drift()
+        return self._import_drift
+
+    @property
+    def plugin_will_not_import(self) -> bool:
+        return self.import_drift is not None and not self.import_drift.import_ok
 
     @property
     def environment(self) -> Environment:
@@ -23,10 +38,10 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """0 when every target is handled or there is nothing to do; 1 on a refusal, a runtime failure, or
-        static and runtime detection disagreeing."""
+        """0 when every target is handled or there is nothing to do; 1 on a refusal, a runtime failure,
+        static and runtime detection disagreeing, or vllm-omni bound to fail on import (import drift)."""
         refused = any(d.action == "refused" for d in self.patches)
-        return 1 if refused or self.mismatches or self.runtime_error else 0
+        return 1 if refused or self.mismatches or self.runtime_error or self.plugin_will_not_import else 0
 
     def to_dict(self) -> dict:
         env = self.environment
@@ -46,6 +61,7 @@ class Report:
             },
             "torch": {"version": env.torch_version},
             "patches": [d.to_dict() for d in self.patches],
+            "import_drift": self.import_drift.to_dict() if self.import_drift is not None else None,
             "mismatches": list(self.mismatches),
             "runtime_error": self.runtime_error,
             "exit_code": self.exit_code,
@@ -83,6 +99,7 @@ class Report:
         if env.omni_meta_device_methods:
             names = ", ".join(m.rsplit(":", 1)[-1] for m in env.omni_meta_device_methods)
             lines.append(f"             own meta-device quant methods: {names}")
+        lines += render_import_drift(self.import_drift)
         lines.append(f"  torch      {env.torch_version or 'not installed'}")
         lines.append("")
         width = max([len(d.name) for d in self.patches] + [5])
@@ -99,6 +116,9 @@ class Report:
         return "\n".join(lines)
 
     def _verdict(self) -> str:
+        if self.plugin_will_not_import:
+            return (f"FAIL: vllm-omni will not import on this vLLM ({', '.join(self.import_drift.blocking_names)} "
+                    "missing); nothing of it can run here, patched or not.")
         if self.runtime_error:
             return "FAIL: the runtime check could not complete (see above)."
         if self.mismatches:
@@ -106,6 +126,22 @@ class Report:
         if any(d.action == "refused" for d in self.patches):
             return "ATTENTION: a target was refused; the worker runs unpatched (see 'why')."
         return "OK: every target is handled, or there is nothing to do."
+
+
+def render_import_drift(drift, indent: str = "             ", shown: int = 3) -> list[str]:
+    """Doctor / scan lines for an ``ImportDrift``: the count and the first few names with their importer."""
+    if drift is None:
+        return []
+    if drift.ok:
+        return [f"{indent}import drift: none ({drift.checked} vLLM imports checked, {drift.unknown} undecidable)"]
+    first = list(drift.blocking) + [u for u in drift.unresolved if u not in drift.blocking]
+    names = ", ".join(f"{u.target} (in {u.importer}:{u.line})" for u in first[:shown])
+    more = f", +{len(first) - shown} more" if len(first) > shown else ""
+    lines = [f"{indent}import drift: {len(drift.unresolved)} vLLM import(s) no longer resolve: {names}{more}"]
+    if not drift.import_ok:
+        lines.append(f"{indent}WILL NOT IMPORT: `import {drift.plugin}` reaches "
+                     f"{', '.join(drift.blocking_names)}, which this vLLM does not have")
+    return lines
 
 
 def compare_environments(static: Environment, runtime: Environment) -> list[str]:

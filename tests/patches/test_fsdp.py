@@ -220,7 +220,7 @@ def test_in_tree_method_agrees_with_shim_on_fsdp(online, target):
 
     assert_all_dtensor(model)
     assert_processed_values(model, online)
-    for (name, p), (shim_name, q) in zip(model.named_parameters(), shim_model.named_parameters()):
+    for (name, p), (shim_name, q) in zip(model.named_parameters(), shim_model.named_parameters(), strict=True):
         assert name == shim_name and torch.equal(p.to_local(), q.to_local()), name
     # Where the shim deliberately differs: vllm-omni's gated method (>= 0.26) still uses per-parameter
     # `.data` moves under online quant, so on sharded modules its target-device move is dropped.
