@@ -8,17 +8,18 @@ patch and one INFO line per patched class on logger ``vllm_compat``.
 
 from __future__ import annotations
 
+import _thread  # not threading: `import vllm_compat` imports this module and must stay cheap
 import sys
-import threading
 
 from .patches.catalogue import DIFFUSERS_LOADER
 
 LOADER_MODULE = DIFFUSERS_LOADER.target_module
 LOADER_CLASS_NAME = DIFFUSERS_LOADER.target.split(".")[0]
 
-_lock = threading.RLock()
+_lock = _thread.RLock()
 _decisions: dict = {}  # patch id -> latest Decision in this process
 _logged: set = set()
+_settled: dict = {}  # (id(loader class), Controls) -> (method left on the class, Decision): apply() fast path
 _suspended = False  # set by revert(): the hook records instead of patching until apply() runs again
 
 
@@ -55,6 +56,9 @@ def patch_loader_module(module, controls=None):
 
     controls = controls or read_controls()
     loader_class = getattr(module, LOADER_CLASS_NAME, None)
+    settled = _settled_decision(loader_class, controls)
+    if settled is not None:
+        return settled
     try:
         decision, deps = _decide_for_module(module, controls)
         with _lock:
@@ -65,6 +69,8 @@ def patch_loader_module(module, controls=None):
 
                 diffusers_loader.install(loader_class, decision.variant, deps)
             _record(decision, loader_class)
+            if not _suspended:
+                _settled[(id(loader_class), controls)] = (_current_method(loader_class), decision)
     except PatchRefusedError as exc:
         decision = _refusal(str(exc))
         with _lock:
@@ -79,6 +85,21 @@ def patch_loader_module(module, controls=None):
     if decision.action == Action.REFUSED and controls.strict:
         raise PatchRefusedError(f"{decision.target}: {decision.reason} (VLLM_COMPAT_STRICT=1 makes this an error)")
     return decision
+
+
+def _current_method(loader_class):
+    return vars(loader_class).get(DIFFUSERS_LOADER.target.rsplit(".", 1)[-1]) if loader_class is not None else None
+
+
+def _settled_decision(loader_class, controls):
+    """The decision already made for this class object under these controls, while the method on the class is
+    still the one we left there; None when anything changed (reload, revert, someone else's patch)."""
+    with _lock:
+        settled = _settled.get((id(loader_class), controls))
+        if settled is None or _suspended:
+            return None
+        method, decision = settled
+        return decision if _current_method(loader_class) is method else None
 
 
 def _decide_for_module(module, controls):
@@ -164,6 +185,7 @@ def revert() -> list:
     module = _loaded_loader_module()
     with _lock:
         _suspended = True
+        _settled.clear()
         loader_class = getattr(module, LOADER_CLASS_NAME, None) if module is not None else None
         if loader_class is not None and diffusers_loader.uninstall(loader_class):
             previous = _decisions.get(DIFFUSERS_LOADER.id)

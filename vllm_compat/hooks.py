@@ -1,7 +1,8 @@
 """A minimal post-import hook: run callbacks right after a named module finishes executing.
 
 Why not wrapt's ``when_imported``: importing wrapt costs tens of milliseconds, and this hook is registered on
-``import vllm_compat`` in every worker. This module imports nothing beyond ``sys`` and ``threading``.
+``import vllm_compat`` in every worker. This module imports nothing beyond ``sys`` and ``_thread`` (the
+built-in behind ``threading``, which alone would cost a few milliseconds).
 
 A meta-path finder answers only for registered names: it asks the other finders for the real spec and wraps
 its loader so that, after ``exec_module``, the real loader is put back on the module and the callbacks run.
@@ -11,12 +12,12 @@ already imported when a hook is registered gets the callback at once, outside th
 
 from __future__ import annotations
 
+import _thread
 import sys
-import threading
 
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()
 _callbacks: dict[str, list] = {}  # module name -> callables taking the module
-_resolving = threading.local()
+_resolving = _thread._local()  # per-thread: names whose spec this finder is resolving now
 
 
 def _is_initialized(module) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..detect.model import LOADER_PARAMS, LoaderShape
 from ..errors import PatchRefusedError, UnsupportedLayoutError
@@ -27,6 +27,8 @@ from .catalogue import DIFFUSERS_LOADER as ENTRY
 logger = logging.getLogger("vllm_compat")
 
 METHOD_NAME = ENTRY.target.rsplit(".", 1)[-1]
+# Set by vLLM quant methods (and vLLM's layerwise loader) once a layer's weights are processed.
+PROCESSED_FLAG = "_already_called_process_weights_after_loading"
 VARIANTS = ("legacy", "meta_safe")
 
 
@@ -83,7 +85,12 @@ def _process_with_param_moves(module, quant_method, target_device) -> None:
 
 def _holds_tensor_subclass(module) -> bool:
     # DTensor (FSDP/HSDP) and other wrapper subclasses: `.data =` across devices is lost or crashes later.
-    return any(type(param.data) is not torch.Tensor for param in module.parameters())
+    # The same test torch's Module._apply uses to swap such params in place instead of assigning `.data`.
+    return any(is_traceable_wrapper_subclass(param) for param in module.parameters())
+
+
+def _has_meta_param(module) -> bool:
+    return any(param.is_meta for param in module.parameters())
 
 
 def _process_sharded_module(module, quant_method, target_device) -> None:
@@ -105,14 +112,14 @@ def _process_sharded_module(module, quant_method, target_device) -> None:
     quant_method.process_weights_after_loading(module)
 
 
-def _refuse_sharded_stragglers(quant_modules) -> None:
+def _refuse_sharded_stragglers(unprocessed_modules) -> None:
     """vLLM's finalize cannot materialize a meta param that FSDP has already sharded (it fails deep inside with
     "__class__ assignment: 'DTensor' object layout differs from 'Tensor'"): say what and where instead."""
     sharded_meta = [
         f"{type(module).__name__}.{name}"
-        for module, _ in quant_modules
+        for module in unprocessed_modules
         for name, param in module.named_parameters()
-        if param.device.type == "meta" and type(param.data) is not torch.Tensor
+        if param.is_meta and is_traceable_wrapper_subclass(param)
     ]
     if sharded_meta:
         raise UnsupportedLayoutError(
@@ -123,12 +130,13 @@ def _refuse_sharded_stragglers(quant_modules) -> None:
         )
 
 
-def _warn_meta_leftovers(model) -> None:
-    left = [name for name, p in model.named_parameters() if p.device.type == "meta"]
+def _warn_meta_leftovers(quant_modules) -> None:
+    left = [f"{type(module).__name__}.{name}" for module, _ in quant_modules
+            for name, param in module.named_parameters() if param.is_meta]
     if left:
         logger.warning(
-            "vllm_compat: %d parameter(s) are still on meta after weight processing (first: %s). The installed "
-            "vLLM has no layerwise finalize to materialize them; these layers were never fully loaded.",
+            "vllm_compat: %d quantized parameter(s) are still on meta after weight processing (first: %s). The "
+            "installed vLLM has no layerwise finalize to materialize them; these layers were never fully loaded.",
             len(left),
             ", ".join(left[:5]),
         )
@@ -149,30 +157,31 @@ def uses_online_quant(model) -> bool:
 def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loader_kwargs) -> None:
     """The gated fix's semantics, hardened.
 
-    Same resulting params as vllm-omni 0.26.0+'s in-tree method wherever that works. In addition: the meta-safe
-    path also turns on when a quant module holds meta params without declaring ``uses_meta_device``; finalize is
-    called only where vLLM provides it; a module holding tensor-subclass (DTensor) params is moved as a whole,
-    never per ``.data``; params moved for processing go back even when processing raises.
+    Same resulting params as vllm-omni 0.26.0+'s in-tree method wherever that works. In addition: a quant module
+    holding meta params takes the meta-safe path even when no method declares ``uses_meta_device``; finalize is
+    called only where vLLM provides it (and refused with a clear error for sharded stragglers it cannot
+    materialize); a module holding tensor-subclass (DTensor) params is moved as a whole, never per ``.data``;
+    params moved for processing go back even when processing raises; with no finalize available, quantized params
+    left on meta are named in a warning.
     """
+    online = uses_online_quant(model)
     quant_modules = list(_quant_modules(model, deps.quant_method_base))
-    online = uses_online_quant(model) or any(
-        p.device.type == "meta" for module, _ in quant_modules for p in module.parameters()
-    )
     if online and deps.finalize is not None:
-        _refuse_sharded_stragglers(quant_modules)
+        # Stragglers are exactly the modules not processed while loading; look only at those.
+        _refuse_sharded_stragglers(m for m, _ in quant_modules if not getattr(m, PROCESSED_FLAG, False))
         # model_config is only read for vLLM Attention layers, which diffusion models do not have.
         deps.finalize(model, None)
     for module, quant_method in quant_modules:
-        if getattr(module, "_already_called_process_weights_after_loading", False):
+        if getattr(module, PROCESSED_FLAG, False):
             continue
-        if not online:
+        if not (online or _has_meta_param(module)):
             _process_with_module_move(module, quant_method, target_device)
         elif _holds_tensor_subclass(module):
             _process_sharded_module(module, quant_method, target_device)
         else:
             _process_with_param_moves(module, quant_method, target_device)
-    if online:
-        _warn_meta_leftovers(model)
+    if online and deps.finalize is None:
+        _warn_meta_leftovers(quant_modules)
 
 
 VARIANT_FUNCTIONS = {"legacy": process_legacy, "meta_safe": process_meta_safe}
