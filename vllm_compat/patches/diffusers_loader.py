@@ -165,13 +165,14 @@ def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loade
     left on meta are named in a warning.
     """
     online = uses_online_quant(model)
-    quant_modules = list(_quant_modules(model, deps.quant_method_base))
+    # Walked lazily (not kept in a list) so peak memory stays the in-tree method's.
+    quant_modules = functools.partial(_quant_modules, model, deps.quant_method_base)
     if online and deps.finalize is not None:
         # Stragglers are exactly the modules not processed while loading; look only at those.
-        _refuse_sharded_stragglers(m for m, _ in quant_modules if not getattr(m, PROCESSED_FLAG, False))
+        _refuse_sharded_stragglers(m for m, _ in quant_modules() if not getattr(m, PROCESSED_FLAG, False))
         # model_config is only read for vLLM Attention layers, which diffusion models do not have.
         deps.finalize(model, None)
-    for module, quant_method in quant_modules:
+    for module, quant_method in quant_modules():
         if getattr(module, PROCESSED_FLAG, False):
             continue
         if not (online or _has_meta_param(module)):
@@ -181,7 +182,7 @@ def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loade
         else:
             _process_with_param_moves(module, quant_method, target_device)
     if online and deps.finalize is None:
-        _warn_meta_leftovers(quant_modules)
+        _warn_meta_leftovers(quant_modules())
 
 
 VARIANT_FUNCTIONS = {"legacy": process_legacy, "meta_safe": process_meta_safe}
