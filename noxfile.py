@@ -67,6 +67,8 @@ def _cell_env(cell: dict) -> dict:
     if "unresolved" in cell:
         env["VLLM_COMPAT_EXPECT_UNRESOLVED"] = ",".join(cell["unresolved"])
     env["VLLM_COMPAT_CELL"] = cell["id"]
+    # tests/test_scan.py downloads real wheels (one vLLM wheel, ~300 MB): once for all cells, not per cell.
+    env["VLLM_COMPAT_WHEEL_CACHE"] = os.environ.get("VLLM_COMPAT_WHEEL_CACHE", str(ROOT / ".nox" / "wheels"))
     return env
 
 
@@ -198,5 +200,5 @@ def refresh(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def lint(session: nox.Session) -> None:
-    """ruff over the package, tests and this file."""
-    session.run("uvx", "ruff", "check", "vllm_compat", "tests", "noxfile.py")
+    """ruff over the package, tests, matrix/ and this file."""
+    session.run("uvx", "ruff", "check", "vllm_compat", "tests", "noxfile.py", "matrix")

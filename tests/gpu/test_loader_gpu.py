@@ -39,9 +39,9 @@ def _run(args: list[str], out: Path, timeout: float = 300) -> dict:
 
 
 def _omni_is_legacy() -> bool:
-    from vllm_compat.detect.versions import installed_version
-
     from packaging.version import Version
+
+    from vllm_compat.detect.versions import installed_version
 
     return Version(installed_version("vllm-omni")) < Version("0.26.0")
 
