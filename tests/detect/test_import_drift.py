@@ -1,0 +1,303 @@
+"""Static import drift: vllm-omni's runtime ``from vllm... import X`` checked against the vLLM beside it.
+
+Real packages first (whatever this env installed), then the rules on small synthetic trees.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from conftest import OMNI_VERSION, VLLM_VERSION, needs_vllm, run_python
+from vllm_compat.detect.import_drift import (
+    ImportDrift,
+    UnresolvedImport,
+    check_import_drift,
+    detect_import_drift,
+)
+from vllm_compat.detect.static import SourceTree
+
+ROUTED = "vllm.v1.outputs.RoutedExpertsLists"
+MATRIX = Path(__file__).resolve().parents[2] / "matrix" / "vllm.toml"
+both_installed = pytest.mark.skipif(
+    VLLM_VERSION is None or OMNI_VERSION is None, reason="needs vLLM and vllm-omni installed (any versions)"
+)
+
+
+def _expected_blockers(vllm: str, omni: str) -> list[str] | None:
+    """What the matrix measured from the real wheels (matrix/vllm.toml ``unresolved``); None for pairs it
+    does not pin."""
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:
+        tomllib = None
+    for cell in tomllib.loads(MATRIX.read_text())["cell"] if tomllib else []:
+        if (cell["vllm"], cell.get("vllm_omni")) == (vllm, omni) and "unresolved" in cell:
+            return sorted(cell["unresolved"])
+    v, o = Version(vllm).release[:2], Version(omni).release[:2]
+    if v >= (0, 31) and o <= (0, 30):  # every released vllm-omni on every vLLM without RoutedExpertsLists
+        return [ROUTED]
+    return None
+
+
+@both_installed
+def test_installed_pair_matches_the_measured_drift():
+    drift = detect_import_drift()
+    assert drift is not None and drift.files > 500 and drift.checked > 1000
+    expected = _expected_blockers(VLLM_VERSION, OMNI_VERSION)
+    if expected is None:
+        pytest.skip(f"no measured expectation for vLLM {VLLM_VERSION} + vllm-omni {OMNI_VERSION}")
+    assert drift.blocking_names == expected
+    assert drift.import_ok is (not expected)
+    if expected:
+        for blocker in drift.blocking:
+            assert blocker.importer.startswith("vllm_omni.")
+            assert blocker.reason == "name not defined" or blocker.reason.startswith("module not found")
+
+
+@both_installed
+def test_release_pair_resolves_cleanly():
+    """A vllm-omni on the vLLM it was released for: not one unresolved import (no false positives)."""
+    if Version(VLLM_VERSION).release[:2] != Version(OMNI_VERSION).release[:2]:
+        pytest.skip(f"vLLM {VLLM_VERSION} is not the release vllm-omni {OMNI_VERSION} was built for")
+    drift = detect_import_drift()
+    assert drift.unresolved == (), [u.to_dict() for u in drift.unresolved[:10]]
+
+
+@both_installed
+def test_agrees_with_a_real_import():
+    """Static "will not import" <=> ``import vllm_omni`` raises ImportError in a fresh interpreter."""
+    drift = detect_import_drift()
+    result = run_python(
+        """
+        try:
+            import vllm_omni  # noqa: F401
+            print("IMPORTED")
+        except ImportError as exc:
+            print("FAILED", exc)
+        """,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = "IMPORTED" in result.stdout
+    assert imported is drift.import_ok, result.stdout
+    if not imported:
+        # Python names the missing attribute, or the first missing package of a dotted module path.
+        parts = [name.split(".") for name in drift.blocking_names]
+        said = {p[-1] for p in parts} | {".".join(p[:i]) for p in parts for i in range(2, len(p) + 1)}
+        failure = result.stdout.rsplit("FAILED", 1)[-1]
+        assert any(f"'{s}'" in failure for s in said), (failure, drift.blocking_names)
+
+
+@both_installed
+def test_is_fast_and_imports_nothing_it_checks():
+    result = run_python(
+        """
+        import json, sys, time
+        start, cpu = time.perf_counter(), time.process_time()
+        from vllm_compat.detect.import_drift import detect_import_drift
+        drift = detect_import_drift()
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        heavy = sorted(m for m in ("torch", "vllm", "vllm_omni") if m in sys.modules)
+        print(json.dumps({"elapsed": elapsed, "cpu": cpu, "heavy": heavy, "files": drift.files}))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["heavy"] == []
+    # ~0.8-1.0 s for vllm-omni's 1600 files on an idle 2-core box. CPU time, not wall time: a loaded CI machine
+    # (a matrix running beside it) stretches wall time 3-4x.
+    assert data["cpu"] < 2.5, data
+
+
+@needs_vllm
+def test_absent_plugin_is_not_checked(tmp_path):
+    assert check_import_drift(SourceTree(tmp_path), SourceTree(tmp_path)) is None
+
+
+# ------------------------------------------------------------------------------------ synthetic trees
+
+
+def _tree(root, files: dict[str, str]) -> SourceTree:
+    for relpath, text in files.items():
+        path = root / relpath
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return SourceTree(root)
+
+
+HOST = {
+    "vllm/__init__.py": """
+        import typing
+        if typing.TYPE_CHECKING:
+            from vllm.entry import LLM
+        else:
+            def __getattr__(name):
+                raise AttributeError(name)
+        """,
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/outputs.py": """
+        from __future__ import annotations
+        from typing import NamedTuple
+        X = 1
+        A, B = 2, 3
+        class Kept(NamedTuple):
+            a: int
+        def helper():
+            from vllm.other import Inner  # function-local: binds nothing at module level
+        if True:
+            Conditional = 1
+        try:
+            from .fast import Fast
+        except ImportError:
+            Fast = None
+        DOC = '''
+        Gone = 1
+        '''
+        """,
+    "vllm/v1/fast.py": "Fast = 1\n",
+    "vllm/layers/__init__.py": """
+        from .impl import *
+        from .explicit import *
+        from .linear import (
+            Linear as ReLinear,
+            Other,
+        )
+        """,
+    "vllm/layers/impl.py": "Public = 1\n_private = 2\n",
+    "vllm/layers/explicit.py": "__all__ = ['Listed']\nListed = 1\nUnlisted = 2\n",
+    "vllm/layers/linear.py": "Linear = 1\nOther = 2\n",
+    "vllm/lazy.py": "def __getattr__(name):\n    return name\n",
+}
+
+
+PLUGIN = {
+    "plug/__init__.py": """
+        from plug import core
+        from .entry import run
+        """,
+    "plug/core.py": """
+        '''Docstring: from vllm.v1.outputs import InDocstring'''
+        from typing import TYPE_CHECKING
+        import vllm.v1.outputs
+        from vllm.v1.outputs import (  # a comment
+            X, A, B as Bee,
+            Kept,
+            Conditional, Fast,
+        )
+        from vllm.v1 import outputs
+        from vllm.layers import ReLinear, Public, Listed, Other
+        from vllm.lazy import Anything
+        from vllm import LLM
+        if TYPE_CHECKING:
+            from vllm.v1.outputs import OnlyForTypes
+        try:
+            from vllm.v1.outputs import Optional1
+        except ImportError:
+            from vllm.v1.outputs import Optional2
+        try:
+            from vllm.v1.outputs import Swallowed
+        except (ModuleNotFoundError, ImportError):
+            pass
+
+        def f():
+            from vllm.v1.outputs import Local
+
+        class C:
+            from vllm.v1.outputs import InClass
+        """,
+    "plug/entry.py": """
+        if True:
+            from vllm.v1.outputs import Gone
+        from vllm.layers import _private, Unlisted, Inner
+        """,
+    "plug/tools/unreached.py": """
+        import vllm.missing.module
+        from vllm.v1.outputs import AlsoGone
+        from vllm.v1.gone_module import Y
+        """,
+}
+
+
+@pytest.fixture
+def drift(tmp_path) -> ImportDrift:
+    host = _tree(tmp_path / "host", HOST)
+    plugin = _tree(tmp_path / "plugin", PLUGIN)
+    result = check_import_drift(plugin, host, plugin="plug")
+    assert result is not None
+    return result
+
+
+def test_rules_on_a_synthetic_tree(drift):
+    found = {(u.importer, u.target, u.reason) for u in drift.unresolved}
+    assert found == {
+        ("plug.entry", "vllm.v1.outputs.Gone", "name not defined"),  # module-level `if`: runs on import
+        ("plug.entry", "vllm.layers._private", "name not defined"),  # star imports skip private names
+        ("plug.entry", "vllm.layers.Unlisted", "name not defined"),  # ...and names outside __all__
+        ("plug.entry", "vllm.layers.Inner", "name not defined"),
+        ("plug.tools.unreached", "vllm.missing.module", "module not found (no package vllm.missing)"),
+        ("plug.tools.unreached", "vllm.v1.outputs.AlsoGone", "name not defined"),
+        ("plug.tools.unreached", "vllm.v1.gone_module", "module not found"),
+    }
+    # vllm.lazy and vllm/__init__ have a module-level __getattr__: unknown, never missing.
+    assert drift.unknown == 2
+
+
+def test_blocking_is_what_the_package_import_reaches(drift):
+    assert drift.blocking_names == ["vllm.layers.Inner", "vllm.layers.Unlisted", "vllm.layers._private",
+                                    "vllm.v1.outputs.Gone"]
+    assert not drift.import_ok
+    data = drift.to_dict()
+    assert data["import_ok"] is False and "vllm.v1.outputs.AlsoGone" in data["names"]
+    assert {u["importer"] for u in data["blocking"]} == {"plug.entry"}
+
+
+def test_a_wheel_is_read_like_a_directory(tmp_path):
+    import zipfile
+
+    plugin_dir = tmp_path / "plugin"
+    _tree(plugin_dir, PLUGIN)
+    wheel = tmp_path / "plug-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path in plugin_dir.rglob("*.py"):
+            zf.write(path, path.relative_to(plugin_dir).as_posix())
+    host = _tree(tmp_path / "host", HOST)
+    from_wheel = check_import_drift(SourceTree(wheel), host, plugin="plug")
+    from_dir = check_import_drift(SourceTree(plugin_dir), host, plugin="plug")
+    assert from_wheel.to_dict() == from_dir.to_dict()
+
+
+def test_report_says_the_plugin_will_not_import_and_exits_1():
+    from vllm_compat.detect.static import detect_static
+    from vllm_compat.report import Report
+
+    blocker = UnresolvedImport("vllm_omni.core.sched.utils", 7, "vllm.v1.outputs", "RoutedExpertsLists",
+                               "name not defined")
+    drift = ImportDrift(plugin="vllm_omni", files=1, checked=1, unknown=0, unresolved=(blocker,),
+                        blocking=(blocker,))
+    report = Report(mode="static", static=detect_static(), patches=[], _import_drift=drift)
+    assert report.exit_code == 1
+    table = report.render_table()
+    assert "WILL NOT IMPORT" in table and ROUTED in table and "vllm_omni.core.sched.utils:7" in table
+    assert "FAIL: vllm-omni will not import" in table
+    assert report.to_dict()["import_drift"]["blocking_names"] == [ROUTED]
+    clean = Report(mode="static", static=detect_static(), patches=[],
+                   _import_drift=ImportDrift(plugin="vllm_omni", files=1, checked=1, unknown=0))
+    assert clean.exit_code == 0 and "import drift: none" in clean.render_table()
+
+
+@both_installed
+def test_doctor_shows_the_drift_of_this_env():
+    result = run_python("from vllm_compat.cli import main; raise SystemExit(main(['doctor', '--json']))")
+    data = json.loads(result.stdout)
+    drift = data["import_drift"]
+    assert drift is not None and drift["plugin"] == "vllm_omni"
+    assert result.returncode == data["exit_code"]
+    if not drift["import_ok"]:
+        assert result.returncode == 1
+        text = run_python("from vllm_compat.cli import main; raise SystemExit(main(['doctor']))")
+        assert "WILL NOT IMPORT" in text.stdout and "will not import" in text.stdout
