@@ -4,6 +4,7 @@
     nox -s matrix         every cell, one after another, ending with a table (also in matrix/last-run.md)
     nox -s refresh        recompute matrix/vllm.toml's expectations from the real wheels (static scan)
     nox -s lint           ruff
+    nox -s bench          benchmarks (bench/run.py), off by default
 
 `matrix` picks cells with VLLM_COMPAT_CELLS="id,id" (default: all), passes posargs to pytest, and deletes each
 cell's venv after it ran unless VLLM_COMPAT_MATRIX_KEEP=1 (a cell env is 6-7 GB before uv's hardlinks).
@@ -202,3 +203,11 @@ def refresh(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff over the package, tests, matrix/ and this file."""
     session.run("uvx", "ruff", "check", "vllm_compat", "tests", "noxfile.py", "matrix")
+
+
+@nox.session(name="bench")
+def bench(session: nox.Session) -> None:
+    """Benchmarks (bench/run.py) on vLLM 0.30.0 + vllm-omni 0.30.0; prints the table, writes bench/results.md."""
+    cell = next(c for c in CELLS if c["id"] == "v0.30-omni0.30")
+    _install_cell(session, cell)
+    session.run("python", "bench/run.py", *session.posargs)

@@ -5,10 +5,7 @@ import os
 import pytest
 
 from conftest import omni_importable_or_absent
-
-# Not `from vllm_compat import report`: once any module imports the submodule vllm_compat.report (collection
-# does, via tests/detect/test_static_vs_runtime.py), the package attribute `report` IS that submodule.
-from vllm_compat.report import build_report as report
+from vllm_compat import report
 
 EXPECTED = {key: os.environ.get(f"VLLM_COMPAT_EXPECT_{key.upper()}") for key in ("level", "loader", "action", "variant")}
 pytestmark = pytest.mark.skipif(

@@ -110,7 +110,7 @@ def test_vllm_omni_wheels_against_a_vllm_wheel_without_routed_experts(capsys, wh
 @needs_vllm
 def test_installed_site_packages_matches_the_doctor(capsys):
     from vllm_compat.detect.static import installed_package_root
-    from vllm_compat.report import (
+    from vllm_compat.reporting import (
         build_report,  # the package's report() is shadowed once this submodule loads
     )
 

@@ -20,7 +20,7 @@ def report(runtime: bool = False):
     Static detection by default (reads files, imports no vLLM). With ``runtime=True`` it imports vLLM and
     vllm-omni's loader, applies the shim and reports the live result next to the static one.
     """
-    from .report import build_report
+    from .reporting import build_report
 
     return build_report(runtime=runtime)
 

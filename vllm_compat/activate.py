@@ -14,7 +14,7 @@ import sys
 from .patches.catalogue import DIFFUSERS_LOADER
 
 LOADER_MODULE = DIFFUSERS_LOADER.target_module
-LOADER_CLASS_NAME = DIFFUSERS_LOADER.target.split(".")[0]
+LOADER_CLASS_NAME, METHOD_NAME = DIFFUSERS_LOADER.target.split(".")
 
 _lock = _thread.RLock()
 _decisions: dict = {}  # patch id -> latest Decision in this process
@@ -43,66 +43,78 @@ def _refusal(reason: str):
     return Decision(DIFFUSERS_LOADER.id, DIFFUSERS_LOADER.target_path, Action.REFUSED, None, reason)
 
 
+def _method_owner(module):
+    """The class that defines the loader method in effect: vllm-omni's class, or, where the module's class was
+    replaced by a subclass that inherits the method, the base that defines it. None when there is no class."""
+    loader_class = getattr(module, LOADER_CLASS_NAME, None)
+    if not isinstance(loader_class, type):
+        return None
+    return next((klass for klass in loader_class.__mro__ if METHOD_NAME in vars(klass)), loader_class)
+
+
 def patch_loader_module(module, controls=None):
     """Detect, decide and (maybe) patch vllm-omni's already imported diffusion loader ``module``.
 
     Returns the Decision. Raises ``ConfigError`` on a bad control, and ``PatchRefusedError`` for a refusal
     under ``VLLM_COMPAT_STRICT=1``; any other failure is recorded as a refusal with its cause, so a worker
-    never dies because of the shim.
+    never dies because of the shim. A "disabled" decision also takes out a patch installed earlier.
     """
     from .config import read_controls
     from .decide import Action
     from .errors import PatchRefusedError
 
     controls = controls or read_controls()
-    loader_class = getattr(module, LOADER_CLASS_NAME, None)
-    settled = _settled_decision(loader_class, controls)
+    owner = _method_owner(module)
+    settled = _settled_decision(owner, controls)
     if settled is not None:
         return settled
     try:
-        decision, deps = _decide_for_module(module, controls)
+        decision, deps = _decide_for_module(module, owner, controls)
         with _lock:
             if _suspended and decision.action == Action.PATCHED:
                 decision = _suspended_decision(decision)
-            elif decision.action == Action.PATCHED:
+            elif decision.action in (Action.PATCHED, Action.DISABLED):
                 from .patches import diffusers_loader
 
-                diffusers_loader.install(loader_class, decision.variant, deps)
-            _record(decision, loader_class)
+                if decision.action == Action.PATCHED:
+                    diffusers_loader.install(owner, decision.variant, deps)
+                elif owner is not None:
+                    diffusers_loader.uninstall(owner)
+            _record(decision, owner)
             if not _suspended:
-                _settled[(id(loader_class), controls)] = (_current_method(loader_class), decision)
+                _settled[(id(owner), controls)] = (_current_method(owner), decision)
     except PatchRefusedError as exc:
         decision = _refusal(str(exc))
         with _lock:
-            _record(decision, loader_class)
+            _record(decision, owner)
     except Exception as exc:  # noqa: BLE001 - never let the shim kill the import it hooks
         import logging
 
         logging.getLogger("vllm_compat").exception("vllm_compat: unexpected error while patching %s", LOADER_MODULE)
         decision = _refusal(f"unexpected {type(exc).__name__}: {exc}; left unpatched")
         with _lock:
-            _record(decision, loader_class)
+            _record(decision, owner)
     if decision.action == Action.REFUSED and controls.strict:
         raise PatchRefusedError(f"{decision.target}: {decision.reason} (VLLM_COMPAT_STRICT=1 makes this an error)")
     return decision
 
 
-def _current_method(loader_class):
-    return vars(loader_class).get(DIFFUSERS_LOADER.target.rsplit(".", 1)[-1]) if loader_class is not None else None
+def _current_method(owner):
+    return vars(owner).get(METHOD_NAME) if owner is not None else None
 
 
-def _settled_decision(loader_class, controls):
+def _settled_decision(owner, controls):
     """The decision already made for this class object under these controls, while the method on the class is
     still the one we left there; None when anything changed (reload, revert, someone else's patch)."""
     with _lock:
-        settled = _settled.get((id(loader_class), controls))
+        settled = _settled.get((id(owner), controls))
         if settled is None or _suspended:
             return None
         method, decision = settled
-        return decision if _current_method(loader_class) is method else None
+        return decision if _current_method(owner) is method else None
 
 
-def _decide_for_module(module, controls):
+def _decide_for_module(module, owner, controls):
     from .decide import Action, decide_loader_patch
     from .detect.runtime import detect_runtime
     from .patches import diffusers_loader
@@ -111,8 +123,7 @@ def _decide_for_module(module, controls):
     decision = decide_loader_patch(env, controls, DIFFUSERS_LOADER.id, DIFFUSERS_LOADER.target_path)
     if decision.action != Action.PATCHED:
         return decision, None
-    loader_class = getattr(module, LOADER_CLASS_NAME)
-    diffusers_loader.check_contract(vars(loader_class).get(diffusers_loader.METHOD_NAME), env.loader)
+    diffusers_loader.check_contract(_current_method(owner), env.loader)
     return decision, diffusers_loader.resolve_deps(env.vllm.has_compatible_finalize)
 
 
@@ -186,10 +197,11 @@ def revert() -> list:
     with _lock:
         _suspended = True
         _settled.clear()
-        loader_class = getattr(module, LOADER_CLASS_NAME, None) if module is not None else None
-        if loader_class is not None and diffusers_loader.uninstall(loader_class):
+        owner = _method_owner(module) if module is not None else None
+        if owner is not None and diffusers_loader.uninstall(owner):
             previous = _decisions.get(DIFFUSERS_LOADER.id)
-            _decisions[DIFFUSERS_LOADER.id] = _suspended_decision(previous)
+            if previous is not None:  # None: patched by another copy of vllm_compat in this process
+                _decisions[DIFFUSERS_LOADER.id] = _suspended_decision(previous)
         return list(_decisions.values())
 
 

@@ -24,7 +24,7 @@ def _scan(args) -> int:
 
     from .detect.import_drift import check_import_drift
     from .detect.static import SourceTree, scan_tree
-    from .report import render_import_drift
+    from .reporting import render_import_drift
 
     against = None
     if args.vllm is not None:

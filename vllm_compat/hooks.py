@@ -15,9 +15,7 @@ from __future__ import annotations
 import _thread
 import sys
 
-_lock = _thread.allocate_lock()
-_callbacks: dict[str, list] = {}  # module name -> callables taking the module
-_resolving = _thread._local()  # per-thread: names whose spec this finder is resolving now
+_finder_lock = _thread.allocate_lock()
 
 
 def _is_initialized(module) -> bool:
@@ -28,9 +26,10 @@ def _is_initialized(module) -> bool:
 class _HookedLoader:
     """Delegates to the real loader; after it has executed the module, runs the callbacks."""
 
-    def __init__(self, loader, fullname: str):
+    def __init__(self, loader, fullname: str, finder):
         self._vllm_compat_loader = loader
         self._vllm_compat_fullname = fullname
+        self._vllm_compat_finder = finder
 
     def create_module(self, spec):
         return self._vllm_compat_loader.create_module(spec)
@@ -42,19 +41,28 @@ class _HookedLoader:
         module.__loader__ = loader
         if module.__spec__ is not None and module.__spec__.loader is self:
             module.__spec__.loader = loader
-        run_callbacks(self._vllm_compat_fullname, module)
+        self._vllm_compat_finder.run_callbacks(self._vllm_compat_fullname, module)
 
     def __getattr__(self, name):
         return getattr(self._vllm_compat_loader, name)
 
 
 class PostImportFinder:
+    """The one finder per process. Its registry lives on the instance, so a second copy of vllm_compat (after
+    ``sys.modules`` was purged) finds and shares it instead of installing a finder the first copy never sees."""
+
     _vllm_compat_finder = True
 
+    def __init__(self):
+        self._vllm_compat_lock = _thread.allocate_lock()
+        self._vllm_compat_callbacks: dict[str, list] = {}  # module name -> callables taking the module
+        self._vllm_compat_resolving = _thread._local()  # per thread: names whose spec is being resolved
+
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _callbacks or getattr(_resolving, fullname, False):
+        resolving = self._vllm_compat_resolving
+        if fullname not in self._vllm_compat_callbacks or getattr(resolving, fullname, False):
             return None
-        setattr(_resolving, fullname, True)
+        setattr(resolving, fullname, True)
         try:
             for finder in sys.meta_path:
                 if finder is self or not hasattr(finder, "find_spec"):
@@ -65,31 +73,35 @@ class PostImportFinder:
             else:
                 return None
         finally:
-            setattr(_resolving, fullname, False)
+            setattr(resolving, fullname, False)
         if spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _HookedLoader(spec.loader, fullname)
+        spec.loader = _HookedLoader(spec.loader, fullname, self)
         return spec
 
+    def run_callbacks(self, fullname: str, module) -> None:
+        with self._vllm_compat_lock:
+            callbacks = list(self._vllm_compat_callbacks.get(fullname, ()))
+        for callback in callbacks:
+            callback(module)
 
-def _ensure_finder() -> None:
-    if not any(getattr(f, "_vllm_compat_finder", False) for f in sys.meta_path):
-        sys.meta_path.insert(0, PostImportFinder())
 
-
-def run_callbacks(fullname: str, module) -> None:
-    with _lock:
-        callbacks = list(_callbacks.get(fullname, ()))
-    for callback in callbacks:
-        callback(module)
+def _finder():
+    with _finder_lock:
+        for finder in sys.meta_path:
+            if getattr(finder, "_vllm_compat_finder", False):
+                return finder
+        finder = PostImportFinder()
+        sys.meta_path.insert(0, finder)
+        return finder
 
 
 def register_post_import_hook(fullname: str, callback) -> None:
     """Call ``callback(module)`` after ``fullname`` is imported (each time: reloads too), or now if it already
     is. Registering the same callback twice is a no-op."""
-    with _lock:
-        _ensure_finder()
-        callbacks = _callbacks.setdefault(fullname, [])
+    finder = _finder()
+    with finder._vllm_compat_lock:
+        callbacks = finder._vllm_compat_callbacks.setdefault(fullname, [])
         if callback in callbacks:
             return
         callbacks.append(callback)

@@ -273,7 +273,7 @@ def test_a_wheel_is_read_like_a_directory(tmp_path):
 
 def test_report_says_the_plugin_will_not_import_and_exits_1():
     from vllm_compat.detect.static import detect_static
-    from vllm_compat.report import Report
+    from vllm_compat.reporting import Report
 
     blocker = UnresolvedImport("vllm_omni.core.sched.utils", 7, "vllm.v1.outputs", "RoutedExpertsLists",
                                "name not defined")

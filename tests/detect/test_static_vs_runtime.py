@@ -5,7 +5,7 @@ import pytest
 from conftest import needs_vllm, omni_importable_or_absent
 from vllm_compat.detect.runtime import detect_runtime
 from vllm_compat.detect.static import detect_static
-from vllm_compat.report import compare_environments
+from vllm_compat.reporting import compare_environments
 
 
 @pytest.fixture(scope="module")

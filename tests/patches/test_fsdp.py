@@ -237,7 +237,8 @@ def test_sharded_stragglers_get_a_clear_error_instead_of_a_deep_type_error():
         model, _ = fsdp_model(stragglers=DEFAULT_STRAGGLERS)
     meta_before = [name for name, p in model.named_parameters() if p.device.type == "meta"]
     assert meta_before  # the stragglers were sharded while still on meta
-    with pytest.raises(UnsupportedLayoutError, match=r"sharded \(FSDP/HSDP DTensor\) parameter\(s\) are still on meta"):
+    with pytest.raises(UnsupportedLayoutError, match=r"sharded \(FSDP/HSDP DTensor\) parameter\(s\) are still on meta") as err:
         VARIANT_FUNCTIONS["meta_safe"](LoaderShaped(), model, torch.device("cpu"), deps=DEPS)
-    # Refused before anything ran: the model is as it was.
+    assert isinstance(err.value.__cause__, TypeError)  # vLLM's own error stays chained
+    # Nothing was lost: the sharded stragglers are still there (on meta), every other layer as it was.
     assert [name for name, p in model.named_parameters() if p.device.type == "meta"] == meta_before

@@ -206,6 +206,9 @@ class Environment:
     vllm: VllmCapabilities
     loader: LoaderShape
     omni_meta_device_methods: tuple[str, ...] = ()
+    # Runtime only: vllm-omni quantization modules that failed to import (e.g. vllm-omni 0.24.0's int8/mxfp8 on
+    # vLLM 0.27+); their classes can be declared in the files yet unusable in the process.
+    omni_quant_import_failures: tuple[str, ...] = ()
 
     @property
     def can_create_meta_params(self) -> bool:

@@ -80,22 +80,23 @@ def classify_loader_class(loader_class: type) -> LoaderShape:
     return classify_loader_source(source, LOADER_CLASS, LOADER_METHOD)
 
 
-def probe_omni_meta_device_methods() -> tuple[str, ...]:
-    """``module:Class`` of imported vllm-omni quant classes with ``uses_meta_device = True``, one module at a
-    time from vllm-omni's quantization package; a module that fails to import is skipped."""
+def probe_omni_meta_device_methods() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(``module:Class`` of imported vllm-omni quant classes with ``uses_meta_device = True``, modules of
+    vllm-omni's quantization package that failed to import), one module at a time."""
     package = _import_optional(_OMNI_QUANTIZATION_PACKAGE)
     if package is None:
-        return ()
+        return (), ()
     import pkgutil
 
-    found = []
+    found, failed = [], []
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
         if info.ispkg:
             continue  # static detection reads the package's own files only
         name = f"{_OMNI_QUANTIZATION_PACKAGE}.{info.name}"
         try:
             module = importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - an optional quant backend missing its deps is not our failure
+        except Exception:  # noqa: BLE001 - an optional quant backend that does not import is not our failure
+            failed.append(name)
             continue
         for attr, value in vars(module).items():
             if (
@@ -104,13 +105,14 @@ def probe_omni_meta_device_methods() -> tuple[str, ...]:
                 and vars(value).get("uses_meta_device") is True
             ):
                 found.append(f"{name}:{attr}")
-    return tuple(sorted(found))
+    return tuple(sorted(found)), tuple(failed)
 
 
 def detect_runtime(loader_module=None) -> Environment:
     """Runtime detection. Imports vLLM and vllm-omni's loader module unless ``loader_module`` (the already
     imported module, as the post-import hook has it) is given."""
-    if loader_module is None and installed_version("vllm-omni") is not None:
+    if loader_module is None:
+        # Found by import, not by metadata: static detection reads the files even without a dist-info.
         loader_module = _import_optional(LOADER_MODULE)
     loader_class = getattr(loader_module, LOADER_CLASS, None) if loader_module is not None else None
     if loader_module is None:
@@ -119,6 +121,7 @@ def detect_runtime(loader_module=None) -> Environment:
         loader = LoaderShape(LoaderKind.UNKNOWN, f"{LOADER_MODULE} has no class {LOADER_CLASS}")
     else:
         loader = classify_loader_class(loader_class)
+    meta_methods, import_failures = probe_omni_meta_device_methods() if loader_module is not None else ((), ())
     return Environment(
         source="runtime",
         vllm_version=installed_version("vllm"),
@@ -126,5 +129,6 @@ def detect_runtime(loader_module=None) -> Environment:
         torch_version=installed_version("torch"),
         vllm=probe_vllm(),
         loader=loader,
-        omni_meta_device_methods=probe_omni_meta_device_methods() if loader_module is not None else (),
+        omni_meta_device_methods=meta_methods,
+        omni_quant_import_failures=import_failures,
     )

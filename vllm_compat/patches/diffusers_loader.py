@@ -112,9 +112,10 @@ def _process_sharded_module(module, quant_method, target_device) -> None:
     quant_method.process_weights_after_loading(module)
 
 
-def _refuse_sharded_stragglers(unprocessed_modules) -> None:
+def _refuse_sharded_stragglers(unprocessed_modules, cause: BaseException) -> None:
     """vLLM's finalize cannot materialize a meta param that FSDP has already sharded (it fails deep inside with
-    "__class__ assignment: 'DTensor' object layout differs from 'Tensor'"): say what and where instead."""
+    "__class__ assignment: 'DTensor' object layout differs from 'Tensor'"): when that is why ``cause`` was raised,
+    say what and where instead (the original error stays chained)."""
     sharded_meta = [
         f"{type(module).__name__}.{name}"
         for module in unprocessed_modules
@@ -127,7 +128,7 @@ def _refuse_sharded_stragglers(unprocessed_modules) -> None:
             f"{', '.join(sharded_meta[:5])}. These layers were not fully loaded before the model was sharded, and "
             f"vLLM's layerwise finalize cannot materialize sharded params. Process weights before fully_shard "
             f"(as vllm-omni >= 0.26 does), or make the checkpoint cover these layers."
-        )
+        ) from cause
 
 
 def _warn_meta_leftovers(quant_modules) -> None:
@@ -165,13 +166,17 @@ def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loade
     left on meta are named in a warning.
     """
     online = uses_online_quant(model)
-    # Walked lazily (not kept in a list) so peak memory stays the in-tree method's.
+    # Walked lazily, once per pass, as the in-tree method does: no list, so time and peak memory stay its own.
     quant_modules = functools.partial(_quant_modules, model, deps.quant_method_base)
     if online and deps.finalize is not None:
-        # Stragglers are exactly the modules not processed while loading; look only at those.
-        _refuse_sharded_stragglers(m for m, _ in quant_modules() if not getattr(m, PROCESSED_FLAG, False))
-        # model_config is only read for vLLM Attention layers, which diffusion models do not have.
-        deps.finalize(model, None)
+        try:
+            # model_config is only read for vLLM Attention layers, which diffusion models do not have.
+            deps.finalize(model, None)
+        except Exception as exc:
+            # Explain the one failure we know (sharded stragglers) only once it happened: no extra pass on the
+            # happy path. Stragglers are exactly the modules not processed while loading.
+            _refuse_sharded_stragglers((m for m, _ in quant_modules() if not getattr(m, PROCESSED_FLAG, False)), exc)
+            raise
     for module, quant_method in quant_modules():
         if getattr(module, PROCESSED_FLAG, False):
             continue

@@ -58,6 +58,7 @@ class Report:
                 "loader_kind": env.loader.kind,
                 "loader_detail": env.loader.detail,
                 "meta_device_methods": list(env.omni_meta_device_methods),
+                "quant_import_failures": list(env.omni_quant_import_failures),
             },
             "torch": {"version": env.torch_version},
             "patches": [d.to_dict() for d in self.patches],
@@ -81,20 +82,21 @@ class Report:
         caps = env.vllm
         yes = {True: "yes", False: "no"}
         tested = is_tested_vllm(env.vllm_version)
-        tested_note = {True: "tested", False: "UNTESTED (outside %s-%s)" % TESTED_VLLM_RANGE, None: ""}[tested]
+        tested_note = {True: "tested", False: "UNTESTED (outside {}-{})".format(*TESTED_VLLM_RANGE), None: ""}[tested]
         finalize = f"yes ({', '.join(caps.finalize_params)})" if caps.has_layerwise_finalize else "no"
         how = "read from files, nothing imported" if self.mode == "static" else "imported and applied live"
         lines = [
             f"vllm-compat doctor ({self.mode}: {how})",
             "",
-            f"  vllm       {env.vllm_version or 'not installed':<14} level: {caps.level}  {tested_note}".rstrip(),
+            f"  vllm       {env.vllm_version or ('unknown version' if caps.installed else 'not installed'):<14} level: {caps.level}  {tested_note}".rstrip(),
         ]
         if caps.installed:
             lines.append(
                 f"             uses_meta_device: {yes[caps.has_uses_meta_device]}   layerwise finalize: {finalize}"
                 f"   initialize_online_processing: {yes[caps.has_initialize_online_processing]}"
             )
-        lines.append(f"  vllm-omni  {env.vllm_omni_version or 'not installed':<14} loader: {env.loader.kind}"
+        omni_present = env.loader.kind != "absent"
+        lines.append(f"  vllm-omni  {env.vllm_omni_version or ('unknown version' if omni_present else 'not installed'):<14} loader: {env.loader.kind}"
                      + (f" ({env.loader.detail})" if env.loader.detail else ""))
         if env.omni_meta_device_methods:
             names = ", ".join(m.rsplit(":", 1)[-1] for m in env.omni_meta_device_methods)
@@ -151,7 +153,11 @@ def compare_environments(static: Environment, runtime: Environment) -> list[str]
         mismatches.append(f"vllm capabilities {static.vllm.to_dict()} != {runtime.vllm.to_dict()}")
     if static.loader.kind != runtime.loader.kind:
         mismatches.append(f"loader kind {static.loader.kind} != {runtime.loader.kind}")
-    if set(static.omni_meta_device_methods) != set(runtime.omni_meta_device_methods):
+    # A class declared in a file whose module fails to import is not a disagreement: the file says it exists,
+    # the process cannot use it. Only unexplained differences count.
+    unimportable = set(runtime.omni_quant_import_failures)
+    static_methods = {m for m in static.omni_meta_device_methods if m.split(":", 1)[0] not in unimportable}
+    if static_methods != set(runtime.omni_meta_device_methods):
         mismatches.append(
             f"vllm-omni meta-device methods {sorted(static.omni_meta_device_methods)} != "
             f"{sorted(runtime.omni_meta_device_methods)}"

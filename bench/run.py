@@ -1,0 +1,402 @@
+"""vllm_compat benchmarks: one command, one table (also written to bench/results.md).
+
+    python bench/run.py [--python PY] [--hook-python PY ...] [--quick] [--no-write]
+
+--python       the env measured for sections 1-4 (default: this interpreter). Section 3 needs vllm-omni with
+               the in-tree gated loader method (vllm-omni >= 0.26, e.g. vllm 0.30.0 + vllm-omni 0.30.0).
+--hook-python  extra envs where section 4 is also measured with the default controls (auto), e.g. a
+               vllm-omni 0.24.0 env where the hook really patches (repeatable).
+
+Sections (every figure is a median of interleaved repeated runs; the repeat counts are printed):
+  1. import cost: `python -c "import vllm_compat"` vs `python -c pass`, and the heavy modules it loads.
+  2. static doctor (`python -m vllm_compat doctor --json`) vs an import-based probe (bench/_probe.py), wall
+     clock including interpreter start.
+  3. `_process_weights_after_loading` on CPU: meta-safe variant vs vllm-omni's in-tree method vs the legacy
+     variant, on synthetic DiT-shaped models (bench/_worker.py); peak memory; the shim's per-call overhead.
+  4. hook latency (target module imported -> patch on the class) and `apply()` when already applied.
+Only the standard library is used here; everything that needs torch/vLLM runs in subprocesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+HEAVY = ("torch", "vllm", "vllm_omni", "wrapt", "asyncio", "logging", "inspect", "dataclasses", "packaging")
+GOAL_IMPORT_MS = 5.0
+GOAL_DOCTOR_SPEEDUP = 50.0
+GOAL_LOADER_RATIO = 1.02
+GOAL_MEMORY_PCT = 1.0
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_COMPAT_")}
+    env.update(extra)
+    return env
+
+
+_LAST_CPU = [0.0]
+
+
+def wall(cmd, env=None, check=True) -> tuple[float, subprocess.CompletedProcess]:
+    """Wall seconds of one subprocess (interpreter start included); its CPU seconds go to _LAST_CPU[0]."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env or clean_env(), cwd=ROOT)
+    elapsed = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    _LAST_CPU[0] = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    if check and proc.returncode != 0:
+        raise SystemExit(f"command failed ({proc.returncode}): {cmd}\n{proc.stderr[-3000:]}")
+    return elapsed, proc
+
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def section_import(py: str, runs: int) -> dict:
+    log(f"1. import cost: {runs} x `-c pass` and `-c 'import vllm_compat'`, interleaved")
+    base, imp, base_cpu, imp_cpu = [], [], [], []
+    for i in range(runs):
+        pair = [("pass", base, base_cpu), ("import vllm_compat", imp, imp_cpu)]
+        if i % 2:
+            pair.reverse()
+        for code, sink, cpu_sink in pair:
+            sink.append(wall([py, "-c", code])[0] * 1e3)
+            cpu_sink.append(_LAST_CPU[0] * 1e3)
+    # In-process view, much less noisy than process wall clocks: -X importtime's cumulative figure.
+    self_us = []
+    for _ in range(max(5, runs // 3)):
+        _, proc = wall([py, "-X", "importtime", "-c", "import vllm_compat"])
+        for line in proc.stderr.splitlines():
+            parts = [p.strip() for p in line.split("|")]
+            if len(parts) == 3 and parts[2] == "vllm_compat":
+                self_us.append(int(parts[1]))
+    probe = ("import sys; before = set(sys.modules); import vllm_compat; "
+             "new = sorted(set(sys.modules) - before); import json; print(json.dumps(new))")
+    new = json.loads(wall([py, "-c", probe])[1].stdout)
+    heavy = sorted({m.split(".")[0] for m in new} & set(HEAVY))
+    return {"runs": runs, "pass_ms": med(base), "import_ms": med(imp), "added_ms": med(imp) - med(base),
+            "added_ms_paired": med([b - a for a, b in zip(base, imp, strict=True)]),
+            "pass_cpu_ms": med(base_cpu), "import_cpu_ms": med(imp_cpu), "added_cpu_ms": med(imp_cpu) - med(base_cpu),
+            "importtime_cumulative_ms": med(self_us) / 1e3 if self_us else None,
+            "new_modules": new, "heavy_loaded": heavy}
+
+
+def section_doctor(py: str, probe_runs: int, doctor_per_probe: int) -> dict:
+    log(f"2. doctor vs import probe: {probe_runs} probes, {probe_runs * doctor_per_probe} doctors, interleaved")
+    doctor, probe, doctor_cpu, probe_cpu = [], [], [], []
+    doctor_json = probe_json = None
+    for _ in range(probe_runs):
+        for _ in range(doctor_per_probe // 2):
+            t, proc = wall([py, "-m", "vllm_compat", "doctor", "--json"], check=False)
+            doctor.append(t)
+            doctor_cpu.append(_LAST_CPU[0])
+            doctor_json = proc.stdout
+        t, proc = wall([py, os.path.join(HERE, "_probe.py")])
+        probe.append(t)
+        probe_cpu.append(_LAST_CPU[0])
+        probe_json = proc.stdout
+        log(f"   probe {len(probe)}: {t:.1f} s")
+        for _ in range(doctor_per_probe - doctor_per_probe // 2):
+            t, proc = wall([py, "-m", "vllm_compat", "doctor", "--json"], check=False)
+            doctor.append(t)
+            doctor_cpu.append(_LAST_CPU[0])
+            doctor_json = proc.stdout
+    d = json.loads(doctor_json)
+    p = json.loads(probe_json.strip().splitlines()[-1])
+    caps = d["vllm"]["capabilities"]
+    agree = {
+        "vllm version": d["vllm"]["version"] == p["vllm"],
+        "vllm-omni version": d["vllm_omni"]["version"] == p["vllm_omni"],
+        "uses_meta_device": caps["has_uses_meta_device"] == p["has_uses_meta_device"],
+        "layerwise finalize": caps["has_layerwise_finalize"] == p["has_layerwise_finalize"],
+        "finalize params": list(caps["finalize_params"]) == p["finalize_params"],
+        "initialize_online_processing": caps["has_initialize_online_processing"]
+        == p["has_initialize_online_processing"],
+        "loader kind": d["vllm_omni"]["loader_kind"] == p["loader_kind"],
+        "omni meta-device methods": sorted(d["vllm_omni"]["meta_device_methods"]) == p["meta_device_methods"],
+    }
+    return {"doctor_s": med(doctor), "probe_s": med(probe), "doctor_runs": len(doctor), "probe_runs": len(probe),
+            "speedup": med(probe) / med(doctor), "doctor_cpu_s": med(doctor_cpu), "probe_cpu_s": med(probe_cpu),
+            "speedup_cpu": med(probe_cpu) / med(doctor_cpu), "agree": agree, "probe_facts": p}
+
+
+def run_worker(py: str, parts: str, variant: str, quick: bool, sizes: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        cmd = [py, os.path.join(HERE, "_worker.py"), "--parts", parts, "--out", out, "--sizes", sizes]
+        if quick:
+            cmd.append("--quick")
+        env = clean_env(**({"VLLM_COMPAT_LOADER_VARIANT": variant} if variant != "auto" else {}))
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+        for line in proc.stderr.splitlines():
+            if line.startswith("[worker]"):
+                log(line)
+        if proc.returncode != 0:
+            raise SystemExit(f"worker failed ({proc.returncode}): {cmd}\n{proc.stderr[-4000:]}")
+        with open(out) as f:
+            return json.load(f)
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(next(ln for ln in f if ln.startswith("MemTotal")).split()[1])
+            mem = f"{kb / 2**20:.1f} GiB"
+    except (OSError, StopIteration):
+        pass
+    return {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else None, "cpu_model": model, "memory": mem, "os": platform.platform(),
+            "loadavg_start": os.getloadavg() if hasattr(os, "getloadavg") else None}
+
+
+def ok(flag: bool) -> str:
+    return "MET" if flag else "NOT MET"
+
+
+def fmt_bytes(n: int) -> str:
+    return f"{n:,} B"
+
+
+def render(m: dict, env: dict, s1: dict | None, s2: dict | None, s3: dict | None, s4: list) -> str:
+    out = []
+    w = out.append
+    w("# vllm_compat benchmarks\n")
+    w(f"Date: {m['date']}  ")
+    w(f"Machine: {m['cpus']} CPUs (affinity {m['affinity']}), {m['cpu_model']}, {m['memory']}, {m['os']}  ")
+    w(f"Load average at start / end: {' '.join(f'{x:.2f}' for x in m['loadavg_start'])} / "
+      f"{' '.join(f'{x:.2f}' for x in m['loadavg_end'])} (other work on the box adds noise to wall clocks)  ")
+    w(f"Env measured: `{env['python_path']}`: Python {env['python']}, torch {env['torch']}, vllm {env['vllm']}, "
+      f"vllm-omni {env['vllm-omni']}, wrapt {env['wrapt']}  ")
+    w(f"Command: `{m['command']}`; total {m['total_s']:.0f} s\n")
+
+    if s1:
+        w("## 1. Import cost (`python -c \"import vllm_compat\"` vs `python -c pass`)\n")
+        w("| measure | value | goal | status |")
+        w("|---|---|---|---|")
+        w(f"| `-c pass` median wall ({s1['runs']} runs) | {s1['pass_ms']:.1f} ms | | |")
+        w(f"| `-c \"import vllm_compat\"` median wall ({s1['runs']} runs, interleaved) | {s1['import_ms']:.1f} ms | | |")
+        w(f"| added (difference of medians / median of paired differences) | {s1['added_ms']:.2f} ms / "
+          f"{s1['added_ms_paired']:.2f} ms | <= {GOAL_IMPORT_MS:.0f} ms | "
+          f"{ok(max(s1['added_ms'], s1['added_ms_paired']) <= GOAL_IMPORT_MS)} |")
+        w(f"| added, process CPU time (user+sys; {s1['pass_cpu_ms']:.1f} vs {s1['import_cpu_ms']:.1f} ms) | "
+          f"{s1['added_cpu_ms']:.2f} ms | <= {GOAL_IMPORT_MS:.0f} ms | {ok(s1['added_cpu_ms'] <= GOAL_IMPORT_MS)} |")
+        if s1["importtime_cumulative_ms"] is not None:
+            w(f"| in-process `-X importtime` cumulative for vllm_compat | {s1['importtime_cumulative_ms']:.2f} ms | "
+              f"<= {GOAL_IMPORT_MS:.0f} ms | {ok(s1['importtime_cumulative_ms'] <= GOAL_IMPORT_MS)} |")
+        w(f"| heavy modules loaded (of {', '.join(HEAVY)}) | {', '.join(s1['heavy_loaded']) or 'none'} | "
+          f"none of torch, vllm, vllm_omni, wrapt, asyncio | "
+          f"{ok(not set(s1['heavy_loaded']) & {'torch', 'vllm', 'vllm_omni', 'wrapt', 'asyncio'})} |")
+        w(f"\nModules `import vllm_compat` adds ({len(s1['new_modules'])}): {', '.join(s1['new_modules'])}\n")
+
+    if s2:
+        w("## 2. Static doctor vs import-based probe (wall clock incl. interpreter start)\n")
+        w("| measure | value | goal | status |")
+        w("|---|---|---|---|")
+        w(f"| `python -m vllm_compat doctor --json` ({s2['doctor_runs']} runs) | {s2['doctor_s'] * 1e3:.0f} ms | | |")
+        w(f"| import probe, bench/_probe.py ({s2['probe_runs']} runs, interleaved) | {s2['probe_s']:.1f} s | | |")
+        w(f"| speedup, wall clock | {s2['speedup']:.0f}x | >= {GOAL_DOCTOR_SPEEDUP:.0f}x | "
+          f"{ok(s2['speedup'] >= GOAL_DOCTOR_SPEEDUP)} |")
+        w(f"| speedup, process CPU time ({s2['doctor_cpu_s'] * 1e3:.0f} ms vs {s2['probe_cpu_s']:.1f} s) | "
+          f"{s2['speedup_cpu']:.0f}x | >= {GOAL_DOCTOR_SPEEDUP:.0f}x | {ok(s2['speedup_cpu'] >= GOAL_DOCTOR_SPEEDUP)} |")
+        disagree = [k for k, v in s2["agree"].items() if not v]
+        w(f"| same facts (versions, capabilities, loader kind, omni meta methods) | "
+          f"{'all agree' if not disagree else 'DISAGREE: ' + ', '.join(disagree)} | agree | {ok(not disagree)} |\n")
+
+    if s3:
+        lo = s3["loader"]
+        w(f"## 3. `_process_weights_after_loading` on CPU (hidden={lo['hidden']}, bf16, vLLM's real layerwise "
+          f"machinery, tests/support/online_quant.py)\n")
+        w("meta_safe: our variant called through the installed wrapt wrapper (the production path); in_tree: "
+          "vllm-omni's own method (the original function, `__wrapped__`); legacy: our legacy variant. "
+          "Fresh identical model (same seed, same checkpoint, same stragglers) per timed call; only the call is "
+          "timed; GC collected before and paused during it. Wall ms = median wall clock; CPU ms = median thread "
+          "CPU time (immune to other processes taking the CPU). ratio = meta_safe / in_tree.\n")
+        w("| quant layers | model | stragglers | reps | meta_safe wall / CPU ms | in_tree wall / CPU ms | "
+          "legacy wall / CPU ms | ratio wall / CPU | same result as in_tree |")
+        w("|---|---|---|---|---|---|---|---|---|")
+        for c in lo["cases"]:
+            t, cpu, st = c["timings_ms"], c["cpu_ms"], c["status"]
+
+            def cell(name, c=c, t=t, cpu=cpu, st=st):
+                if st.get(name) != "ok":
+                    return st.get(name, "-")
+                return f"{t[name]:.2f} / {cpu[name]:.2f}"
+
+            ratio = (f"{t['meta_safe'] / t['in_tree']:.3f} / {cpu['meta_safe'] / cpu['in_tree']:.3f}"
+                     if "meta_safe" in t and "in_tree" in t else "-")
+            same = "yes" if c.get("meta_safe_equals_in_tree") else "NO"
+            if "legacy_equals_in_tree" in c:
+                same += f" (legacy: {'yes' if c['legacy_equals_in_tree'] else 'NO'})"
+            w(f"| {c['n_quant']:,} | {'online quant' if c['online'] else 'no online quant'} | {c['stragglers']} | "
+              f"{c['reps']} | {cell('meta_safe')} | {cell('in_tree')} | {cell('legacy')} | {ratio} | {same} |")
+        w("")
+        w("Peak memory during the call. Tensors: torch's own CPU allocator accounting (profiler `profile_memory`, "
+          "the allocator's running `total_allocated` per allocation event): peak bytes newly allocated and not yet "
+          "freed during the call, added to the model's tensor bytes before the call. Python heap: tracemalloc, "
+          "started before the model was built (so the model's Python objects count), peak during the call. "
+          "tracemalloc cannot see tensor storage and RSS is too coarse/noisy (glibc arenas) for kB-sized deltas, "
+          "hence the two counters. One untimed run per contender.\n")
+        w("| quant layers | model | tensors: model + peak new (meta_safe / in_tree / legacy) | tensor peak diff | "
+          "Python heap peak (meta_safe / in_tree / legacy) | heap peak diff |")
+        w("|---|---|---|---|---|---|")
+        for c in lo["cases"]:
+            tp, hp, base = c["torch_peak_new_bytes"], c["py_heap_peak"], c["model_tensor_bytes"]
+            names = [n for n in ("meta_safe", "in_tree", "legacy") if n in tp]
+            tens = " / ".join(f"{base:,} + {tp[n]:,}" for n in names)
+            heap = " / ".join(f"{hp[n]:,}" for n in names)
+            tdiff = ((base + tp["meta_safe"]) / (base + tp["in_tree"]) - 1) * 100
+            hdiff = (hp["meta_safe"] / hp["in_tree"] - 1) * 100
+            w(f"| {c['n_quant']:,} | {'online' if c['online'] else 'offline'} | {tens} | {tdiff:+.2f}% | {heap} B | "
+              f"{hdiff:+.2f}% |")
+        w("")
+        # Linearity: per-layer cost.
+        w("Per-layer cost (CPU ms / quant layer x 1000 = us/layer; linear means flat across sizes):\n")
+        w("| model | contender | " + " | ".join(f"{n:,} layers" for n in sorted({c['n_quant'] for c in lo['cases']}))
+          + " | largest / smallest |")
+        w("|---|---|" + "---|" * (len({c['n_quant'] for c in lo['cases']}) + 1))
+        for online in (True, False):
+            cases = sorted((c for c in lo["cases"] if c["online"] == online), key=lambda c: c["n_quant"])
+            for name in ("meta_safe", "in_tree", "legacy"):
+                per = [c["cpu_ms"][name] / c["n_quant"] * 1e3 for c in cases if name in c["cpu_ms"]]
+                if len(per) != len(cases):
+                    continue
+                w(f"| {'online' if online else 'offline'} | {name} | " + " | ".join(f"{x:.1f} us" for x in per)
+                  + f" | {per[-1] / per[0]:.2f} |")
+        ov, oc = lo["overhead_us"], lo.get("overhead_cpu_us", lo["overhead_us"])
+        w("")
+        w(f"Shim per-call overhead on an empty model (`nn.Module()`, no quant layers), median of 15 interleaved "
+          f"batches of {lo['overhead_iters']} calls (the decision itself is taken once, in the hook: section 4):\n")
+        w("| call | wall us/call | CPU us/call |")
+        w("|---|---|---|")
+        rows = [("installed wrapt wrapper -> meta_safe (production path)", "wrapper", None),
+                ("meta_safe variant called directly", "direct_variant", None),
+                ("vllm-omni in-tree method called directly", "in_tree", None),
+                ("wrapper cost (wrapper - direct)", "wrapper", "direct_variant"),
+                ("variant logic vs in-tree (direct - in_tree)", "direct_variant", "in_tree"),
+                ("total shim overhead per call (wrapper - in_tree)", "wrapper", "in_tree")]
+        for label, a, b in rows:
+            wv = ov[a] - (ov[b] if b else 0)
+            cv = oc[a] - (oc[b] if b else 0)
+            w(f"| {label} | {wv:.2f} | {cv:.2f} |")
+        w("")
+
+    if s4:
+        w("## 4. Patch application\n")
+        w("Hook latency: inside one process, timestamps right after vllm-omni's loader module finished executing "
+          "and right after vllm_compat's post-import callbacks returned (patch on the class, checked). "
+          "First import: includes the shim's own lazy imports and runtime detection; reload: "
+          "`importlib.reload` of the loader module (hook fires again, same detection on a warm process).\n")
+        w("| env | controls | loader import | first hook (new modules imported) | hook on reload (median) | "
+          "variant installed | apply() when applied |")
+        w("|---|---|---|---|---|---|---|")
+        for r in s4:
+            h = r["hook"]
+            w(f"| vllm {r['env']['vllm']} + vllm-omni {r['env']['vllm-omni']} | "
+              f"LOADER_VARIANT={r['env']['VLLM_COMPAT_LOADER_VARIANT']} | {h['loader_import_s']:.1f} s | "
+              f"{h['first_hook_us'] / 1e3:.1f} ms ({h['first_hook_new_modules']}: "
+              f"{', '.join(h['first_hook_new_top_level'])}) | {h['reload_hook_us_median'] / 1e3:.2f} ms | "
+              f"{h['variant_after']} | {h['apply_us_per_call_median']:.0f} us/call "
+              f"(median of 5 x {h['apply_iters']}) |")
+        w("")
+        w("Where `apply()`'s time goes (cProfile, cumulative, first env):\n")
+        w("```")
+        for line in s4[0]["hook"]["apply_profile_top"]:
+            w(line)
+        w("```\n")
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--hook-python", action="append", default=[])
+    parser.add_argument("--quick", action="store_true", help="smoke test: few repeats, small models")
+    parser.add_argument("--sections", default="1,2,3,4")
+    parser.add_argument("--no-write", action="store_true", help="do not write bench/results.md")
+    parser.add_argument("--render", metavar="JSON", help="only re-render the table from a results.json")
+    args = parser.parse_args()
+    if args.render:
+        with open(args.render) as f:
+            raw = json.load(f)
+        w = raw["worker"] or {}
+        s4 = ([w] if "hook" in w else []) + raw["hook_envs"]
+        text = render(raw["machine"], raw["env"], raw["import"], raw["doctor"], w if "loader" in w else None, s4)
+        print(text)
+        if not args.no_write:
+            with open(os.path.join(HERE, "results.md"), "w") as f:
+                f.write(text + "\n")
+        return
+    sections = set(args.sections.split(","))
+    start = time.perf_counter()
+    m = machine()
+    m["date"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    m["command"] = " ".join(["python", "bench/run.py", *sys.argv[1:]])
+    s1 = section_import(args.python, 10 if args.quick else 40) if "1" in sections else None
+    s2 = section_doctor(args.python, 1 if args.quick else 3, 4 if args.quick else 10) if "2" in sections else None
+    s3 = s4main = None
+    s4 = []
+    if "3" in sections or "4" in sections:
+        parts = ",".join(p for s, p in (("4", "hook"), ("3", "loader")) if s in sections)
+        log(f"3/4. worker in {args.python} ({parts}, VLLM_COMPAT_LOADER_VARIANT=meta_safe)")
+        s4main = run_worker(args.python, parts, "meta_safe", args.quick, "100,1000" if args.quick else "100,1000,10000")
+        if "loader" in s4main:
+            s3 = s4main
+        if "hook" in s4main:
+            s4.append(s4main)
+    env = s4main["env"] if s4main else json.loads(wall([args.python, "-c", (
+        "import json, platform; from importlib import metadata as m\n"
+        "def v(d):\n try: return m.version(d)\n except m.PackageNotFoundError: return None\n"
+        "print(json.dumps({'python': platform.python_version(), **{d: v(d) for d in "
+        "('torch', 'vllm', 'vllm-omni', 'wrapt')}}))")])[1].stdout)
+    env["python_path"] = args.python
+    if "4" in sections:
+        for py in args.hook_python:
+            log(f"4. hook worker in {py} (auto)")
+            s4.append(run_worker(py, "hook", "auto", args.quick, ""))
+    m["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    m["total_s"] = time.perf_counter() - start
+    text = render(m, env, s1, s2, s3, s4)
+    print(text)
+    raw = {"machine": m, "env": env, "import": s1, "doctor": s2, "worker": s4main, "hook_envs": s4[1:]}
+    if not args.no_write:
+        with open(os.path.join(HERE, "results.md"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(HERE, "results.json"), "w") as f:
+            json.dump(raw, f, indent=1, default=str)
+        log("wrote bench/results.md and bench/results.json")
+
+
+if __name__ == "__main__":
+    main()
