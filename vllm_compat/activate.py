@@ -18,17 +18,19 @@ LOADER_CLASS_NAME, METHOD_NAME = DIFFUSERS_LOADER.target.split(".")
 
 _lock = _thread.RLock()
 _decisions: dict = {}  # patch id -> latest Decision in this process
-_logged: set = set()
 _settled: dict = {}  # (id(loader class), Controls) -> (method left on the class, Decision): apply() fast path
 _suspended = False  # set by revert(): the hook records instead of patching until apply() runs again
 
 
 def _record(decision, loader_class=None) -> None:
     _decisions[decision.name] = decision
+    from .hooks import shared_state
+
+    logged = shared_state("logged_decisions", set)  # shared: a re-imported vllm_compat does not log twice
     key = (decision.action, decision.variant, id(loader_class))
-    if key in _logged:
+    if key in logged:
         return
-    _logged.add(key)
+    logged.add(key)
     import logging  # not at module level: `import vllm_compat` imports this module and must stay cheap
 
     logger = logging.getLogger("vllm_compat")

@@ -57,6 +57,7 @@ class PostImportFinder:
         self._vllm_compat_lock = _thread.allocate_lock()
         self._vllm_compat_callbacks: dict[str, list] = {}  # module name -> callables taking the module
         self._vllm_compat_resolving = _thread._local()  # per thread: names whose spec is being resolved
+        self._vllm_compat_shared: dict = {}  # process-wide state of vllm_compat, see shared_state()
 
     def find_spec(self, fullname, path=None, target=None):
         resolving = self._vllm_compat_resolving
@@ -108,3 +109,11 @@ def register_post_import_hook(fullname: str, callback) -> None:
     module = sys.modules.get(fullname)
     if module is not None and _is_initialized(module):
         callback(module)
+
+
+def shared_state(name: str, factory):
+    """Process-wide state that every copy of vllm_compat in this process shares (kept on the one finder), e.g.
+    the set of decisions already logged, so a re-imported copy does not log them again."""
+    finder = _finder()
+    with finder._vllm_compat_lock:
+        return finder._vllm_compat_shared.setdefault(name, factory())

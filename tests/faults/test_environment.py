@@ -197,7 +197,9 @@ SHAPES = {
                           "        self.done = True\n", "refused", "patched"),
     "subclass_inherits": ("class _Base:\n    def _process_weights_after_loading(self, model, target_device):\n"
                           + LEGACY_BODY + "class DiffusersPipelineLoader(_Base):\n    pass\n",
-                          "refused", "refused"),
+                          # Runtime follows the MRO to the legacy method and patches the base that defines it
+                          # (static detection reads the class body only and calls it unknown).
+                          "patched", "patched"),
 }
 
 
@@ -233,7 +235,8 @@ for name in {list(SHAPES)!r}:
     d = patch_loader_module(module, Controls(loader_variant="meta_safe"))
     row["forced"] = d.action
     if d.action == "patched":
-        row["forced_variant"] = installed_variant(cls)
+        owner = next(k for k in cls.__mro__ if "_process_weights_after_loading" in vars(k))  # inherited: the base
+        row["forced_variant"] = installed_variant(owner)
         model = build_model(online=False, stragglers=())
         load_checkpoint(model, make_checkpoint(model))
         kwargs = {{"offload": True}} if name == "future_extra_kwargs" else {{}}

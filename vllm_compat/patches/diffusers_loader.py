@@ -112,15 +112,12 @@ def _process_sharded_module(module, quant_method, target_device) -> None:
     quant_method.process_weights_after_loading(module)
 
 
-def _refuse_sharded_stragglers(unprocessed_modules, cause: BaseException) -> None:
+def _refuse_sharded_stragglers(model, cause: BaseException) -> None:
     """vLLM's finalize cannot materialize a meta param that FSDP has already sharded (it fails deep inside with
     "__class__ assignment: 'DTensor' object layout differs from 'Tensor'"): when that is why ``cause`` was raised,
     say what and where instead (the original error stays chained)."""
     sharded_meta = [
-        f"{type(module).__name__}.{name}"
-        for module in unprocessed_modules
-        for name, param in module.named_parameters()
-        if param.is_meta and is_traceable_wrapper_subclass(param)
+        name for name, param in model.named_parameters() if param.is_meta and is_traceable_wrapper_subclass(param)
     ]
     if sharded_meta:
         raise UnsupportedLayoutError(
@@ -131,13 +128,12 @@ def _refuse_sharded_stragglers(unprocessed_modules, cause: BaseException) -> Non
         ) from cause
 
 
-def _warn_meta_leftovers(quant_modules) -> None:
-    left = [f"{type(module).__name__}.{name}" for module, _ in quant_modules
-            for name, param in module.named_parameters() if param.is_meta]
+def _warn_meta_leftovers(model) -> None:
+    left = [name for name, param in model.named_parameters() if param.is_meta]
     if left:
         logger.warning(
-            "vllm_compat: %d quantized parameter(s) are still on meta after weight processing (first: %s). The "
-            "installed vLLM has no layerwise finalize to materialize them; these layers were never fully loaded.",
+            "vllm_compat: %d parameter(s) are still on meta after weight processing (first: %s). The installed "
+            "vLLM has no layerwise finalize to materialize them; these layers were never fully loaded.",
             len(left),
             ", ".join(left[:5]),
         )
@@ -174,8 +170,8 @@ def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loade
             deps.finalize(model, None)
         except Exception as exc:
             # Explain the one failure we know (sharded stragglers) only once it happened: no extra pass on the
-            # happy path. Stragglers are exactly the modules not processed while loading.
-            _refuse_sharded_stragglers((m for m, _ in quant_modules() if not getattr(m, PROCESSED_FLAG, False)), exc)
+            # happy path.
+            _refuse_sharded_stragglers(model, exc)
             raise
     for module, quant_method in quant_modules():
         if getattr(module, PROCESSED_FLAG, False):
@@ -187,7 +183,7 @@ def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loade
         else:
             _process_with_param_moves(module, quant_method, target_device)
     if online and deps.finalize is None:
-        _warn_meta_leftovers(quant_modules())
+        _warn_meta_leftovers(model)
 
 
 VARIANT_FUNCTIONS = {"legacy": process_legacy, "meta_safe": process_meta_safe}
