@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import OMNI_VERSION, VLLM_VERSION, needs_vllm, run_python
+from conftest import VLLM_VERSION, needs_vllm, run_python
 
 from . import _support
 from ._support import result_of, run_isolated
@@ -309,10 +309,8 @@ print("RESULT" + json.dumps(out))
     assert out["broken"][:2] == ["ModuleNotFoundError", "No module named 'huggingface_hub_missing_dep'"]
     assert out["raises_inside"][:2] == ["RuntimeError", "loader exploded at import"]
     assert out["broken"][2] == out["raises_inside"][2] == []  # nothing recorded: the hook never ran
-    if OMNI_VERSION is not None:
-        assert "loader exploded at import" in out["doctor_runtime"]
-    else:  # FINDING: runtime detection trusts metadata; files of an uninstalled vllm_omni are not looked at
-        assert out["doctor_runtime"] is None
+    # Runtime detection finds vllm_omni by import, metadata or not, so the module's own error is shown.
+    assert "loader exploded at import" in out["doctor_runtime"]
     assert out["unknown_strict"][0] == "PatchRefusedError" and "VLLM_COMPAT_STRICT=1" in out["unknown_strict"][1]
     assert out["unknown_lenient"] == ["imported", None, ["refused"]]
     assert out["good"] == ["imported", "legacy", ["patched"]]
