@@ -50,3 +50,21 @@ def run_python(code: str, env: dict | None = None, timeout: float = 300, script=
         command,
         capture_output=True, text=True, env=full_env, timeout=timeout,
     )
+
+
+def _static_capabilities():
+    from vllm_compat.detect.static import detect_static
+
+    return detect_static().vllm
+
+
+_CAPS = _static_capabilities()
+needs_layerwise_finalize = pytest.mark.skipif(
+    not _CAPS.has_compatible_finalize,
+    reason="the installed vLLM has no layerwise finalize_layerwise_processing (vLLM < 0.19)",
+)
+needs_online_processing = pytest.mark.skipif(
+    not _CAPS.has_initialize_online_processing,
+    reason="the installed vLLM has no initialize_online_processing: online layers are not materialized while "
+    "loading (vLLM < 0.19)",
+)

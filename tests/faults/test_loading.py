@@ -19,6 +19,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed in this env")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from conftest import needs_online_processing  # noqa: E402
 from vllm_compat.patches.diffusers_loader import (  # noqa: E402
     LoaderDeps,
     process_legacy,
@@ -43,7 +44,7 @@ def _raising_model(online: bool) -> tuple[nn.Module, m.RaisingOfflineMethod]:
     return model, method
 
 
-@pytest.mark.parametrize("online", [False, True], ids=["offline", "online"])
+@pytest.mark.parametrize("online", [False, pytest.param(True, marks=needs_online_processing)], ids=["offline", "online"])
 @pytest.mark.parametrize("variant", ["legacy", "meta_safe"])
 def test_quant_method_raising_reaches_caller_unchanged_and_moved_params_go_back(variant, online, deps):
     model, method = _raising_model(online)
@@ -107,7 +108,7 @@ def test_model_without_quant_modules_is_left_untouched(variant, deps, request):
     assert m.diff_snapshots(before, m.snapshot(model)) == []
 
 
-@pytest.mark.parametrize("online", [False, True], ids=["offline", "online"])
+@pytest.mark.parametrize("online", [False, pytest.param(True, marks=needs_online_processing)], ids=["offline", "online"])
 @pytest.mark.parametrize("variant", ["legacy", "meta_safe", "reference"])
 def test_quant_module_without_parameters_is_processed_once(variant, online, deps, request):
     model = nn.Module()
@@ -187,6 +188,7 @@ def test_mixed_cpu_and_meta_params_match_the_reference(deps, reference):
     assert oq.meta_param_names(ours) == []
 
 
+@needs_online_processing
 def test_mixed_cpu_and_meta_params_without_finalize_warn_and_keep_cpu_params(deps, caplog):
     model = _mixed_device_model()
     cpu_before = {n: s for n, s in m.snapshot(model).items() if s[1] == "cpu"}

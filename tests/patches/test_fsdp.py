@@ -29,7 +29,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import OMNI_VERSION, needs_vllm
+from tests.conftest import OMNI_VERSION, needs_layerwise_finalize, needs_vllm
 
 pytestmark = needs_vllm
 
@@ -160,6 +160,7 @@ def test_shim_variant_keeps_processed_weights_on_fsdp(variant, online, target):
     assert set(moved_for_processing(model, before).values()) == {target == "cpu:0"}
 
 
+@needs_layerwise_finalize  # the ungated fix imports finalize unconditionally
 @online_param
 def test_ungated_fix_loses_the_target_device_move_on_dtensor_params(online):
     """Reproduction: the first upstream fix's per-parameter ``.data`` move does run on DTensor params (the
