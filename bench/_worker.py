@@ -37,7 +37,8 @@ CLASS_NAME = "DiffusersPipelineLoader"
 METHOD = "_process_weights_after_loading"
 
 _hook_samples: list[dict] = []
-_real_run_callbacks = hooks.run_callbacks
+_finder = hooks._finder()  # the process's one post-import finder: its run_callbacks is what the hook calls
+_real_run_callbacks = _finder.run_callbacks
 
 
 def _timed_run_callbacks(fullname, module):
@@ -56,7 +57,7 @@ def _timed_run_callbacks(fullname, module):
                               "new_top_level": sorted({m.split(".")[0] for m in new})})
 
 
-hooks.run_callbacks = _timed_run_callbacks
+_finder.run_callbacks = _timed_run_callbacks
 
 
 def median(xs):
