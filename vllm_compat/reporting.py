@@ -108,7 +108,7 @@ class Report:
         lines.append(f"  {'patch':<{width}}  {'action':<8}  {'variant':<9}  why")
         for d in self.patches:
             lines.append(f"  {d.name:<{width}}  {d.action:<8}  {d.variant or '-':<9}  {d.reason}")
-        if self.mode == "static":
+        if self.mode == "static" and any(d.action == "patched" for d in self.patches):
             lines.append("  (static: 'patched' means it will be patched when vllm-omni's loader is imported)")
         if self.runtime_error:
             lines += ["", f"  runtime: {self.runtime_error}"]
