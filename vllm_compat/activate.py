@@ -132,7 +132,9 @@ def _decide_for_module(module, owner, controls):
 def _suspended_decision(decision):
     from dataclasses import replace
 
-    return replace(decision, action="skipped", variant=None,
+    from .decide import Action
+
+    return replace(decision, action=Action.SKIPPED, variant=None,
                    reason="reverted by vllm_compat.revert(); call vllm_compat.apply() to patch again")
 
 
@@ -163,7 +165,7 @@ def apply() -> list:
     """
     global _suspended
     from .config import read_controls
-    from .decide import Action, Decision
+    from .decide import DISABLED_REASON, Action, Decision
     from .detect.versions import installed_version
 
     controls = read_controls()
@@ -174,7 +176,7 @@ def apply() -> list:
     if module is not None:
         return [patch_loader_module(module, controls)]
     if controls.disabled:
-        action, reason = Action.DISABLED, "VLLM_COMPAT_DISABLE is set; nothing is patched"
+        action, reason = Action.DISABLED, DISABLED_REASON
     elif installed_version("vllm-omni") is None:
         action, reason = Action.PENDING, "vllm-omni is not installed; patched if it is imported"
     else:

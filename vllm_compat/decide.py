@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass
 from .config import Controls
 from .detect.model import Environment, LoaderKind
 
+DISABLED_REASON = "VLLM_COMPAT_DISABLE is set; nothing is patched"
+
 
 class Action:
     PATCHED = "patched"
@@ -57,7 +59,7 @@ def decide_loader_patch(env: Environment, controls: Controls, name: str, target:
 
     kind = env.loader.kind
     if controls.disabled:
-        return decision(Action.DISABLED, None, "VLLM_COMPAT_DISABLE is set; nothing is patched")
+        return decision(Action.DISABLED, None, DISABLED_REASON)
     if kind == LoaderKind.ABSENT:
         return decision(Action.PENDING, None, f"{env.loader.detail}; patched when it is imported")
     if controls.is_forced:
