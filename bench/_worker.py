@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+import tracemalloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -32,6 +33,7 @@ sys.path.insert(0, ROOT)
 import vllm_compat  # noqa: E402
 import vllm_compat.hooks as hooks  # noqa: E402
 
+HEAP_ROUNDS = 3
 LOADER_MODULE = "vllm_omni.diffusion.model_loader.diffusers_loader"
 CLASS_NAME = "DiffusersPipelineLoader"
 METHOD = "_process_weights_after_loading"
@@ -262,52 +264,59 @@ def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
     results = {"hidden": hidden, "cases": []}
     for n in sizes:
         for online in (True, False):
-            import tracemalloc
 
             models = Models(n, online, hidden)
             case = {"n_quant": n, "online": online, "stragglers": len(models.stragglers), "timings_ms": {},
                     "status": {}}
             names = ["meta_safe", "in_tree", "legacy"]
             active = []
-            # One untimed run per contender: crash check, correctness, peak memory. Deterministic fill makes the
-            # never-loaded stragglers' values comparable; tracemalloc runs from before the build (so the model's
-            # Python objects count) and the profiler records torch's CPU allocator around the call only.
+            # One untimed run per contender: crash check, correctness and torch's allocator peak (profiler around
+            # the call only). Deterministic fill makes the never-loaded stragglers' values comparable.
             outputs = {}
-            case["torch_peak_new_bytes"], case["py_heap_before"], case["py_heap_peak"] = {}, {}, {}
+            case["torch_peak_new_bytes"] = {}
             for name in names:
                 with deterministic_fill():
+                    model = models.fresh()
+                    if "model_tensor_bytes" not in case:
+                        case["model_tensor_bytes"] = _tensor_bytes(model)
+                        case["meta_params_before"] = len(meta_param_names(model))
                     gc.collect()
-                    tracemalloc.start()
                     try:
-                        model = models.fresh()
-                        if "model_tensor_bytes" not in case:
-                            case["model_tensor_bytes"] = _tensor_bytes(model)
-                            case["meta_params_before"] = len(meta_param_names(model))
-                        gc.collect()
-                        heap = {}
-
-                        def measured(m=model, f=contenders[name], heap=heap):
-                            # Inside the profiled region, so the profiler's own Python objects never count.
-                            heap["before"], _ = tracemalloc.get_traced_memory()
-                            tracemalloc.reset_peak()
-                            f(m)
-                            _, heap["peak"] = tracemalloc.get_traced_memory()
-
-                        try:
-                            torch_peak = _torch_peak_bytes(measured)
-                        except Exception as exc:  # noqa: BLE001 - reported
-                            first_line = str(exc).splitlines()[0][:60]
-                            case["status"][name] = f"crashes ({type(exc).__name__}: {first_line})"
-                            continue
-                        py_before, py_peak = heap["before"], heap["peak"]
-                    finally:
-                        tracemalloc.stop()
+                        torch_peak = _torch_peak_bytes(lambda m=model, f=contenders[name]: f(m))
+                    except Exception as exc:  # noqa: BLE001 - reported
+                        first_line = str(exc).splitlines()[0][:60]
+                        case["status"][name] = f"crashes ({type(exc).__name__}: {first_line})"
+                        continue
                 check(name, model, models)
                 case["torch_peak_new_bytes"][name] = torch_peak
-                case["py_heap_before"][name], case["py_heap_peak"][name] = py_before, py_peak
                 outputs[name] = model
                 case["status"][name] = "ok"
                 active.append(name)
+            # Python heap: the peak the call adds over what was allocated before it (tracemalloc, started after the
+            # build: the model's own objects vary by build by more than the call adds, so absolute peaks of
+            # separate builds do not compare). Rotated order over HEAP_ROUNDS rounds, median per contender: the
+            # first call at a model size pays one-off interpreter growth, whoever makes it.
+            tracemalloc.start()
+            case["model_py_heap"] = (models.fresh(), tracemalloc.get_traced_memory()[0])[1]
+            tracemalloc.stop()
+            heap_added = {name: [] for name in active}
+            for i in range(HEAP_ROUNDS):
+                for name in active[i % len(active):] + active[: i % len(active)]:
+                    with deterministic_fill():
+                        model = models.fresh()
+                        gc.collect()
+                        tracemalloc.start()
+                        try:
+                            before, _ = tracemalloc.get_traced_memory()
+                            tracemalloc.reset_peak()
+                            contenders[name](model)
+                            _, peak = tracemalloc.get_traced_memory()
+                        finally:
+                            tracemalloc.stop()
+                    heap_added[name].append(peak - before)
+                    del model
+            case["py_heap_added"] = {name: median(v) for name, v in heap_added.items()}
+            case["py_heap_added_all"] = heap_added
             if "meta_safe" in outputs and "in_tree" in outputs:
                 case["meta_safe_equals_in_tree"] = _state_equal(outputs["meta_safe"], outputs["in_tree"])
             if "legacy" in outputs and "in_tree" in outputs:
@@ -336,6 +345,7 @@ def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
             case["timings_ms"] = {name: median(v) for name, v in wall.items()}
             case["cpu_ms"] = {name: median(v) for name, v in cpu.items()}
             case["timings_ms_all"] = {name: [round(x, 3) for x in v] for name, v in wall.items()}
+            case["cpu_ms_all"] = {name: [round(x, 3) for x in v] for name, v in cpu.items()}
             case["reps"] = r
             results["cases"].append(case)
             print(f"[worker] {n} {'online' if online else 'offline'}: {case['timings_ms']} {case['status']}",
@@ -394,7 +404,7 @@ def main() -> None:
         out["hook"] = part_hook(args.reloads if not args.quick else 2, args.apply_iters if not args.quick else 10)
     if "loader" in parts:
         sizes = [int(s) for s in args.sizes.split(",")]
-        reps = {n: (3 if args.quick else (15 if n <= 100 else 7 if n <= 1000 else 3)) for n in sizes}
+        reps = {n: (3 if args.quick else (41 if n <= 100 else 15 if n <= 1000 else 7)) for n in sizes}
         out["loader"] = part_loader(sizes, args.hidden, reps, args.quick)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

@@ -145,10 +145,26 @@ def process_legacy(loader, model, target_device, *, deps: LoaderDeps, **loader_k
         _process_with_module_move(module, quant_method, target_device)
 
 
-def uses_online_quant(model) -> bool:
-    """The gated fix's test: any module's quant method (instance, so per-instance switches count) declares
-    ``uses_meta_device``."""
-    return any(getattr(getattr(m, "quant_method", None), "uses_meta_device", False) for m in model.modules())
+def scan_model(model) -> tuple[bool, bool]:
+    """``(online, any_meta)`` in one walk over the modules, the walk the gated fix makes anyway.
+
+    ``online`` is the gated fix's test: any module's quant method (the instance, so per-instance switches count)
+    declares ``uses_meta_device``. ``any_meta`` (some param on meta) only matters without online quant, which
+    already takes the meta-safe path, so the walk stops at the first online module as the gated fix's ``any()``
+    does."""
+    any_meta = False
+    for module in model.modules():
+        if getattr(getattr(module, "quant_method", None), "uses_meta_device", False):
+            return True, any_meta
+        if any_meta:
+            continue
+        # Each module's own params (``_parameters`` is what ``named_parameters`` reads), in a plain loop: a
+        # generator per module would show next to the module moves of the offline path this guards.
+        for param in module._parameters.values():
+            if param is not None and param.is_meta:
+                any_meta = True
+                break
+    return False, any_meta
 
 
 def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loader_kwargs) -> None:
@@ -161,9 +177,7 @@ def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loade
     params moved for processing go back even when processing raises; with no finalize available, quantized params
     left on meta are named in a warning.
     """
-    online = uses_online_quant(model)
-    # Walked lazily, once per pass, as the in-tree method does: no list, so time and peak memory stay its own.
-    quant_modules = functools.partial(_quant_modules, model, deps.quant_method_base)
+    online, any_meta = scan_model(model)
     if online and deps.finalize is not None:
         try:
             # model_config is only read for vLLM Attention layers, which diffusion models do not have.
@@ -173,10 +187,11 @@ def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loade
             # happy path.
             _refuse_sharded_stragglers(model, exc)
             raise
-    for module, quant_method in quant_modules():
+    # Walked lazily, as the in-tree method does: no list, so time and peak memory stay its own.
+    for module, quant_method in _quant_modules(model, deps.quant_method_base):
         if getattr(module, PROCESSED_FLAG, False):
             continue
-        if not (online or _has_meta_param(module)):
+        if not (online or (any_meta and _has_meta_param(module))):
             _process_with_module_move(module, quant_method, target_device)
         elif _holds_tensor_subclass(module):
             _process_sharded_module(module, quant_method, target_device)
@@ -261,6 +276,9 @@ def install(loader_class: type, variant: str, deps: LoaderDeps) -> bool:
     signature = inspect.signature(original)
 
     def call_variant(wrapped, instance, args, kwargs):
+        if instance is not None and len(args) == 2 and not kwargs:
+            # How vllm-omni calls it, ``self._process_weights_after_loading(model, target_device)``: no binding.
+            return implementation(instance, args[0], args[1], deps=deps)
         bound = signature.bind(instance, *args, **kwargs)
         arguments = dict(bound.arguments)
         arguments.pop("self")
