@@ -71,7 +71,7 @@ class ParamlessQuant(nn.Module):
 
 
 def online_anchor() -> oq.QuantLinear:
-    """A fully loaded online layer: makes ``scan_model(model)`` report online quant (the meta-safe path)."""
+    """A fully loaded online layer: makes ``uses_online_quant(model)`` true (the meta-safe path)."""
     layer = oq.QuantLinear(8, 8, oq.CpuFp8OnlineMethod())
     oq.load_checkpoint(layer, oq.make_checkpoint(layer, seed=5), stragglers=())
     return layer

@@ -50,7 +50,7 @@ from tests.support.online_quant import (  # noqa: E402
     quant_layers,
     ungated_process_weights_after_loading,
 )
-from vllm_compat.patches.diffusers_loader import VARIANT_FUNCTIONS, resolve_deps, scan_model  # noqa: E402
+from vllm_compat.patches.diffusers_loader import VARIANT_FUNCTIONS, resolve_deps, uses_online_quant  # noqa: E402
 
 DEPS = resolve_deps(finalize_compatible=HAS_FINALIZE)
 
@@ -143,7 +143,7 @@ def test_reference_forward_tells_processed_from_raw(online):
     model, _ = sharded(online)
     assert_all_dtensor(model)
     torch.testing.assert_close(forward(model), raw, rtol=0, atol=0)  # sharding alone changes nothing
-    assert scan_model(model)[0] is online
+    assert uses_online_quant(model) is online
 
 
 @variant_param

@@ -51,13 +51,20 @@ def _quant_modules(model, quant_method_base: type):
             yield module, quant_method
 
 
-def _process_with_module_move(module, quant_method, target_device) -> None:
+def _process_with_module_move(module, quant_method, target_device, *, meta_safe: bool = False) -> None:
     """vllm-omni 0.24.0's per-module step: move the whole module (``module.to`` swaps DTensor params in place,
     which FSDP/HSDP survive), process, move it back. Moves back on error too, so a failing quant method
-    leaves no module on the target device."""
+    leaves no module on the target device.
+
+    ``meta_safe``: a module that holds a meta param although no quant method declared ``uses_meta_device`` takes
+    the meta-safe step instead, where a move is needed (``module.to`` cannot copy a meta param). Checked only
+    then: where no move is needed both steps are the same call, and the offline path keeps in-tree's cost."""
     first_param = next(module.parameters(), None)
     module_device = first_param.device if first_param is not None else None
     needs_device_move = module_device != target_device
+    if needs_device_move and meta_safe and _has_meta_param(module):
+        _process_without_moving_meta(module, quant_method, target_device)
+        return
     if needs_device_move:
         module.to(target_device)
     try:
@@ -112,6 +119,15 @@ def _process_sharded_module(module, quant_method, target_device) -> None:
     quant_method.process_weights_after_loading(module)
 
 
+def _process_without_moving_meta(module, quant_method, target_device) -> None:
+    """The meta-safe step: per-param moves for plain tensors, whole-module moves (or a clear refusal) for
+    tensor-subclass (DTensor) params, whose ``.data`` cannot be re-pointed across devices."""
+    if _holds_tensor_subclass(module):
+        _process_sharded_module(module, quant_method, target_device)
+    else:
+        _process_with_param_moves(module, quant_method, target_device)
+
+
 def _refuse_sharded_stragglers(model, cause: BaseException) -> None:
     """vLLM's finalize cannot materialize a meta param that FSDP has already sharded (it fails deep inside with
     "__class__ assignment: 'DTensor' object layout differs from 'Tensor'"): when that is why ``cause`` was raised,
@@ -145,26 +161,10 @@ def process_legacy(loader, model, target_device, *, deps: LoaderDeps, **loader_k
         _process_with_module_move(module, quant_method, target_device)
 
 
-def scan_model(model) -> tuple[bool, bool]:
-    """``(online, any_meta)`` in one walk over the modules, the walk the gated fix makes anyway.
-
-    ``online`` is the gated fix's test: any module's quant method (the instance, so per-instance switches count)
-    declares ``uses_meta_device``. ``any_meta`` (some param on meta) only matters without online quant, which
-    already takes the meta-safe path, so the walk stops at the first online module as the gated fix's ``any()``
-    does."""
-    any_meta = False
-    for module in model.modules():
-        if getattr(getattr(module, "quant_method", None), "uses_meta_device", False):
-            return True, any_meta
-        if any_meta:
-            continue
-        # Each module's own params (``_parameters`` is what ``named_parameters`` reads), in a plain loop: a
-        # generator per module would show next to the module moves of the offline path this guards.
-        for param in module._parameters.values():
-            if param is not None and param.is_meta:
-                any_meta = True
-                break
-    return False, any_meta
+def uses_online_quant(model) -> bool:
+    """The gated fix's test: any module's quant method (the instance, so per-instance switches count) declares
+    ``uses_meta_device``."""
+    return any(getattr(getattr(m, "quant_method", None), "uses_meta_device", False) for m in model.modules())
 
 
 def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loader_kwargs) -> None:
@@ -177,7 +177,7 @@ def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loade
     params moved for processing go back even when processing raises; with no finalize available, quantized params
     left on meta are named in a warning.
     """
-    online, any_meta = scan_model(model)
+    online = uses_online_quant(model)
     if online and deps.finalize is not None:
         try:
             # model_config is only read for vLLM Attention layers, which diffusion models do not have.
@@ -191,12 +191,10 @@ def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loade
     for module, quant_method in _quant_modules(model, deps.quant_method_base):
         if getattr(module, PROCESSED_FLAG, False):
             continue
-        if not (online or (any_meta and _has_meta_param(module))):
-            _process_with_module_move(module, quant_method, target_device)
-        elif _holds_tensor_subclass(module):
-            _process_sharded_module(module, quant_method, target_device)
+        if online:
+            _process_without_moving_meta(module, quant_method, target_device)
         else:
-            _process_with_param_moves(module, quant_method, target_device)
+            _process_with_module_move(module, quant_method, target_device, meta_safe=True)
     if online and deps.finalize is None:
         _warn_meta_leftovers(model)
 
