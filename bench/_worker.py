@@ -33,7 +33,7 @@ sys.path.insert(0, ROOT)
 import vllm_compat  # noqa: E402
 import vllm_compat.hooks as hooks  # noqa: E402
 
-HEAP_ROUNDS = 3
+MEMORY_ROUNDS = 3
 LOADER_MODULE = "vllm_omni.diffusion.model_loader.diffusers_loader"
 CLASS_NAME = "DiffusersPipelineLoader"
 METHOD = "_process_weights_after_loading"
@@ -270,51 +270,58 @@ def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
                     "status": {}}
             names = ["meta_safe", "in_tree", "legacy"]
             active = []
-            # One untimed run per contender: crash check, correctness and torch's allocator peak (profiler around
-            # the call only). Deterministic fill makes the never-loaded stragglers' values comparable.
+            # One untimed run per contender: crash check and correctness. Deterministic fill makes the never-loaded
+            # stragglers' values comparable.
             outputs = {}
-            case["torch_peak_new_bytes"] = {}
             for name in names:
                 with deterministic_fill():
                     model = models.fresh()
                     if "model_tensor_bytes" not in case:
                         case["model_tensor_bytes"] = _tensor_bytes(model)
                         case["meta_params_before"] = len(meta_param_names(model))
-                    gc.collect()
                     try:
-                        torch_peak = _torch_peak_bytes(lambda m=model, f=contenders[name]: f(m))
+                        contenders[name](model)
                     except Exception as exc:  # noqa: BLE001 - reported
                         first_line = str(exc).splitlines()[0][:60]
                         case["status"][name] = f"crashes ({type(exc).__name__}: {first_line})"
                         continue
                 check(name, model, models)
-                case["torch_peak_new_bytes"][name] = torch_peak
                 outputs[name] = model
                 case["status"][name] = "ok"
                 active.append(name)
-            # Python heap: the peak the call adds over what was allocated before it (tracemalloc, started after the
-            # build: the model's own objects vary by build by more than the call adds, so absolute peaks of
-            # separate builds do not compare). Rotated order over HEAP_ROUNDS rounds, median per contender: the
-            # first call at a model size pays one-off interpreter growth, whoever makes it.
+            # Peak memory, MEMORY_ROUNDS rounds in rotated order, median per contender (a one-off growth, of the
+            # interpreter or of torch's allocator accounting, lands on whoever calls first at a model size).
+            # Tensors: torch's allocator peak over the call (profiler around the call only). Python heap: the peak
+            # the call adds over the heap before it (tracemalloc, started after the build: the model's own objects
+            # vary by build by more than the call adds, so absolute peaks of separate builds do not compare).
             tracemalloc.start()
             case["model_py_heap"] = (models.fresh(), tracemalloc.get_traced_memory()[0])[1]
             tracemalloc.stop()
+            torch_peaks = {name: [] for name in active}
             heap_added = {name: [] for name in active}
-            for i in range(HEAP_ROUNDS):
+            for i in range(MEMORY_ROUNDS):
                 for name in active[i % len(active):] + active[: i % len(active)]:
                     with deterministic_fill():
                         model = models.fresh()
                         gc.collect()
+                        heap = {}
+
+                        def measured(m=model, f=contenders[name], heap=heap):
+                            # Inside the profiled region, so the profiler's own Python objects never count.
+                            heap["before"], _ = tracemalloc.get_traced_memory()
+                            tracemalloc.reset_peak()
+                            f(m)
+                            _, heap["peak"] = tracemalloc.get_traced_memory()
+
                         tracemalloc.start()
                         try:
-                            before, _ = tracemalloc.get_traced_memory()
-                            tracemalloc.reset_peak()
-                            contenders[name](model)
-                            _, peak = tracemalloc.get_traced_memory()
+                            torch_peaks[name].append(_torch_peak_bytes(measured))
                         finally:
                             tracemalloc.stop()
-                    heap_added[name].append(peak - before)
+                    heap_added[name].append(heap["peak"] - heap["before"])
                     del model
+            case["torch_peak_new_bytes"] = {name: median(v) for name, v in torch_peaks.items()}
+            case["torch_peak_new_bytes_all"] = torch_peaks
             case["py_heap_added"] = {name: median(v) for name, v in heap_added.items()}
             case["py_heap_added_all"] = heap_added
             if "meta_safe" in outputs and "in_tree" in outputs:

@@ -266,11 +266,11 @@ def render(m: dict, env: dict, s1: dict | None, s2: dict | None, s3: dict | None
               f"{c['reps']} | {cell('meta_safe')} | {cell('in_tree')} | {cell('legacy')} | {ratio} | "
               f"{ok(paired is not None and paired <= GOAL_LOADER_RATIO)} | {same} |")
         w("")
-        w("Peak memory during the call. Tensors: torch's own CPU allocator accounting (profiler `profile_memory`, "
-          "the allocator's running `total_allocated` per allocation event): peak bytes newly allocated and not yet "
-          "freed during the call, added to the model's tensor bytes before the call; one untimed run per contender. "
-          "Python heap: tracemalloc started after the model was built, peak the call adds over the heap before it, "
-          "median of 3 rounds in rotated order (the model's own Python objects, measured once, vary by a few "
+        w("Peak memory during the call, 3 rounds in rotated order, median per contender. Tensors: torch's own CPU "
+          "allocator accounting (profiler `profile_memory`, the allocator's running `total_allocated` per "
+          "allocation event): peak bytes newly allocated and not yet freed during the call, added to the model's "
+          "tensor bytes before the call. Python heap: tracemalloc started after the model was built, the peak the "
+          "call adds over the heap before it (the model's own Python objects, measured once, vary by a few "
           "percent from build to build, more than any call adds, so peaks of separate builds do not compare); "
           "the diff is taken over model + added. tracemalloc cannot see tensor storage and RSS is too coarse "
           "(glibc arenas) for kB-sized deltas, hence the two counters.\n")
