@@ -411,7 +411,7 @@ def main() -> None:
         out["hook"] = part_hook(args.reloads if not args.quick else 2, args.apply_iters if not args.quick else 10)
     if "loader" in parts:
         sizes = [int(s) for s in args.sizes.split(",")]
-        reps = {n: (3 if args.quick else (41 if n <= 100 else 31 if n <= 1000 else 9)) for n in sizes}
+        reps = {n: (3 if args.quick else (101 if n <= 100 else 31 if n <= 1000 else 9)) for n in sizes}
         out["loader"] = part_loader(sizes, args.hidden, reps, args.quick)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
