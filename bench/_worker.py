@@ -62,6 +62,11 @@ def _timed_run_callbacks(fullname, module):
 _finder.run_callbacks = _timed_run_callbacks
 
 
+def rotated(items: list, i: int) -> list:
+    """``items`` started at position ``i`` (mod its length): the contender order of round ``i``."""
+    return items[i % len(items):] + items[: i % len(items)]
+
+
 def median(xs):
     return statistics.median(xs) if xs else None
 
@@ -264,7 +269,6 @@ def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
     results = {"hidden": hidden, "cases": []}
     for n in sizes:
         for online in (True, False):
-
             models = Models(n, online, hidden)
             case = {"n_quant": n, "online": online, "stragglers": len(models.stragglers), "timings_ms": {},
                     "status": {}}
@@ -295,12 +299,14 @@ def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
             # the call adds over the heap before it (tracemalloc, started after the build: the model's own objects
             # vary by build by more than the call adds, so absolute peaks of separate builds do not compare).
             tracemalloc.start()
-            case["model_py_heap"] = (models.fresh(), tracemalloc.get_traced_memory()[0])[1]
+            model = models.fresh()
+            case["model_py_heap"], _ = tracemalloc.get_traced_memory()
             tracemalloc.stop()
+            del model
             torch_peaks = {name: [] for name in active}
             heap_added = {name: [] for name in active}
             for i in range(MEMORY_ROUNDS):
-                for name in active[i % len(active):] + active[: i % len(active)]:
+                for name in rotated(active, i):
                     with deterministic_fill():
                         model = models.fresh()
                         gc.collect()
@@ -335,8 +341,7 @@ def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
             wall = {name: [] for name in active}
             cpu = {name: [] for name in active}
             for i in range(r):
-                order = active[i % len(active):] + active[: i % len(active)]
-                for name in order:
+                for name in rotated(active, i):
                     model = models.fresh()
                     gc.collect()
                     gc.disable()
@@ -369,9 +374,7 @@ def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
     per = {k: [] for k in calls}
     per_cpu = {k: [] for k in calls}
     for i in range(15 if not quick else 3):
-        keys = list(calls)
-        keys = keys[i % 3:] + keys[: i % 3]
-        for k in keys:
+        for k in rotated(list(calls), i):
             f = calls[k]
             c0 = time.thread_time_ns()
             t0 = time.perf_counter_ns()
