@@ -1,4 +1,4 @@
-"""``vllm-compat doctor`` and ``vllm-compat scan`` (also ``python -m vllm_compat``).
+"""``vllm-compat doctor``, ``vllm-compat scan`` and ``vllm-compat check`` (also ``python -m vllm_compat``).
 
 Exit codes: 0 handled or nothing to do; 1 a target refused, a runtime failure, or static and runtime
 detection disagreeing; 2 usage errors (bad arguments, bad ``VLLM_COMPAT_*`` values, unreadable paths).
@@ -65,6 +65,12 @@ def _scan(args) -> int:
     return 0
 
 
+def _check(args) -> int:
+    from .check import run_check
+
+    return run_check(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-compat", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -80,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="check vllm-omni's imports (import drift) against the vLLM in PATH when a scanned "
                            "PATH holds vllm-omni without vLLM")
     scan.set_defaults(handler=_scan)
+    check = commands.add_parser(
+        "check", help="will vLLM X run vllm-omni Y? reads both release wheels (fetched without dependencies into "
+                      "a per-user cache) and says: works natively, works with vllm_compat, or will not start")
+    check.add_argument("specs", nargs="*", metavar="SPEC",
+                       help="vllm==X and optionally vllm-omni==Y (default: the vllm-omni installed here); each may "
+                            "also be a wheel file, an unpacked tree or a site-packages (offline)")
+    check.add_argument("--newest", action="store_true", help="check the newest vLLM on the index")
+    check.add_argument("--json", action="store_true", help="print the check as JSON")
+    check.set_defaults(handler=_check)
     return parser
 
 

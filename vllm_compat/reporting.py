@@ -129,6 +129,46 @@ class Report:
             return "ATTENTION: a target was refused; the worker runs unpatched (see 'why')."
         return "OK: every target is handled, or there is nothing to do."
 
+    # ---- vllm-compat check (vllm_compat/check.py): a forecast for a vLLM / vllm-omni pair not installed ----
+
+    def check_verdict(self, import_blocking=(), worker_blocking=(), bridged=()) -> CheckVerdict:
+        """The check's verdict from this report's decisions and the missing vLLM names that still stop
+        ``import vllm_omni`` (``import_blocking``) or its diffusion worker (``worker_blocking``) after the
+        ``bridged`` ones. Will not start (1) when anything is still missing; refused (1) when a target was
+        refused (doctor's exit code); else works with vllm_compat (0) when something is patched or bridged,
+        works natively (0) when nothing needs to be; disabled (0) under VLLM_COMPAT_DISABLE."""
+        if import_blocking:
+            return CheckVerdict("will_not_start", 1, (
+                f"WILL NOT START: `import vllm_omni` fails on this vLLM ({', '.join(import_blocking)} missing), "
+                "and vllm_compat has no bridge for it."))
+        if worker_blocking:
+            return CheckVerdict("will_not_start", 1, (
+                f"WILL NOT START: vllm_omni imports, but its diffusion worker does not ({', '.join(worker_blocking)} "
+                "missing), and vllm_compat has no bridge for it."))
+        if any(d.action == "refused" for d in self.patches):
+            return CheckVerdict("refused", 1, (
+                "ATTENTION: vllm-omni imports, but a target has a shape vllm_compat does not recognize and stays "
+                "unpatched (see 'why'); it may fail where the patch would have helped."))
+        if self.patches and all(d.action == "disabled" for d in self.patches):
+            return CheckVerdict("disabled", 0, (
+                "vllm_compat is disabled (VLLM_COMPAT_DISABLE): nothing would be patched; vllm-omni imports. Unset "
+                "it to see what vllm_compat would do."))
+        patched = [d.name for d in self.patches if d.action == "patched"]
+        if patched or bridged:
+            done = [f"patches {', '.join(patched)}"] * bool(patched) + [f"bridges {len(bridged)} name(s)"] * bool(bridged)
+            return CheckVerdict("works_with_vllm_compat", 0, f"WORKS WITH vllm_compat: it {' and '.join(done)}.")
+        return CheckVerdict("works_natively", 0, "WORKS NATIVELY: vllm-omni imports and nothing needs patching.")
+
+
+@dataclass(frozen=True)
+class CheckVerdict:
+    """``Report.check_verdict``'s answer: kind ("works_natively", "works_with_vllm_compat", "will_not_start",
+    "refused", "disabled"), the exit code and the sentence ``vllm-compat check`` prints."""
+
+    kind: str
+    exit_code: int
+    text: str
+
 
 def render_import_drift(drift, indent: str = "             ", shown: int = 3) -> list[str]:
     """Doctor / scan lines for an ``ImportDrift``: the count and the first few names with their importer."""

@@ -1,0 +1,331 @@
+"""``vllm-compat check vllm==X [vllm-omni==Y]``: will this vLLM run this vllm-omni, and what does vllm_compat
+do about it, before either is installed.
+
+Flow: resolve each input (``NAME==VERSION`` -> a wheel from the per-user cache or pip's download, see
+``detect.wheels``; or a wheel file / unpacked tree / site-packages; vllm-omni defaults to the one installed
+here, found without importing it) -> ``SourceTree``s -> the same static detection, decisions and import-drift
+check the doctor uses, in one ``reporting.Report`` -> one screen (or ``--json``) ending in a verdict: works
+natively, works with vllm_compat, or will not start (and why). Nothing is installed; vLLM, vllm-omni and torch
+are never imported.
+
+Beyond the doctor, the check follows vllm-omni's diffusion worker (``WORKER_MODULE``) through its module-level
+imports: a worker that does not import is a worker that does not start, even when ``import vllm_omni`` works
+(vllm-omni 0.24.0 on vLLM 0.29/0.30: ``vllm.inputs.preprocess`` is gone).
+
+Exit codes, as the doctor's: 0 it works (natively or with the shim), 1 it will not start (or a target is
+refused), 2 usage: a version that does not exist, no network, a file that is not a vLLM / vllm-omni wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .detect.static import SourceTree
+from .detect.wheels import PACKAGES, WheelError, fetch_wheel, newest_version, normalize_distribution
+
+WORKER_MODULE = "vllm_omni.diffusion.worker.diffusion_worker"  # what a diffusion worker process imports
+
+
+@dataclass(frozen=True)
+class CheckInput:
+    """One side of the check: which distribution, where its files are and how they were found."""
+
+    distribution: str  # "vllm" | "vllm-omni"
+    tree: SourceTree
+    version: str | None
+    source: str  # "downloaded" | "cache" | "path" | "installed"
+    location: str  # the wheel, tree or site-packages read
+
+    def to_dict(self) -> dict:
+        return {"version": self.version, "source": self.source, "location": self.location}
+
+
+def _usage(message: str) -> WheelError:
+    return WheelError("usage", message)
+
+
+def _looks_like_path(spec: str) -> bool:
+    return os.sep in spec or "/" in spec or spec.endswith(".whl") or spec in (".", "..") or os.path.exists(spec)
+
+
+def _tree_input(spec: str) -> list[CheckInput]:
+    """The vLLM and/or vllm-omni held by a wheel file, an unpacked tree or a site-packages."""
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise _usage(f"{spec} does not exist; pass NAME==VERSION (vllm==0.33.0), a wheel file or an unpacked tree.")
+    if path.is_file() and not zipfile.is_zipfile(path):
+        raise WheelError("not_a_wheel", f"{spec} is not a wheel (not a zip file); pass a vLLM or vllm-omni "
+                                        f"wheel, an unpacked tree or NAME==VERSION.")
+    tree = SourceTree(path)
+    found = [CheckInput(dist, tree, tree.distribution_version(dist), "path", str(path))
+             for dist, package in PACKAGES.items() if tree.has_package(package)]
+    if not found:
+        raise WheelError("not_vllm", f"{spec} holds neither vLLM (vllm/__init__.py) nor vllm-omni "
+                                     f"(vllm_omni/__init__.py); pass a vLLM or vllm-omni wheel or tree.")
+    return found
+
+
+def _index_input(distribution: str, version: str | None) -> CheckInput:
+    if version is None:
+        version = newest_version(distribution)
+    wheel, cached = fetch_wheel(distribution, version)
+    tree = SourceTree(wheel)
+    if not tree.has_package(PACKAGES[distribution]):
+        raise WheelError("not_vllm", f"{wheel} (fetched for {distribution}=={version}) holds no "
+                                     f"{PACKAGES[distribution]} package; delete it from the cache and retry.")
+    return CheckInput(distribution, tree, tree.distribution_version(distribution) or version,
+                      "cache" if cached else "downloaded", str(wheel))
+
+
+def _installed_omni() -> CheckInput | None:
+    from .detect.static import installed_package_root
+    from .detect.versions import installed_version
+
+    root = installed_package_root("vllm_omni")
+    if root is None:
+        return None
+    return CheckInput("vllm-omni", SourceTree(root), installed_version("vllm-omni"), "installed", str(root))
+
+
+def _parse_spec(spec: str) -> tuple[str, str | None]:
+    name, sep, version = spec.partition("==")
+    distribution = normalize_distribution(name.strip())
+    if distribution is None or any(op in name for op in "<>=!~ "):
+        raise _usage(f"{spec!r} is not one of vllm==VERSION, vllm-omni==VERSION, a wheel file or a tree "
+                     f"(an exact version: the check reads one release).")
+    if sep and not version.strip():
+        raise _usage(f"{spec!r} names no version; write {distribution}==X, or {distribution} alone for the newest.")
+    return distribution, version.strip() or None
+
+
+def resolve_inputs(specs: list[str], newest: bool = False) -> tuple[CheckInput, CheckInput]:
+    """(vLLM, vllm-omni) for the command line. Every argument is parsed before anything is fetched; a tree
+    holding both packages (a site-packages) serves both sides unless the other side is given too; without a
+    vllm-omni argument, the vllm-omni installed here. Raises ``WheelError`` (kind "usage" and the fetch errors)."""
+    # per side: (argument, distribution, version or the input read from a path); names are fetched below
+    wanted: dict[str, list] = {"vllm": [], "vllm-omni": []}
+    shared: dict[str, CheckInput] = {}  # from a tree holding both packages
+    if newest:
+        wanted["vllm"].append(("--newest", "vllm", None))
+    for spec in specs:
+        if _looks_like_path(spec):
+            found = _tree_input(spec)
+            for item in found:
+                if len(found) == 2:
+                    shared.setdefault(item.distribution, item)
+                else:
+                    wanted[item.distribution].append((spec, item.distribution, item))
+            continue
+        distribution, version = _parse_spec(spec)
+        wanted[distribution].append((spec, distribution, version))
+    for distribution, items in wanted.items():
+        if len(items) > 1:
+            raise _usage(f"{len(items)} {distribution} inputs given ({', '.join(i[0] for i in items)}); pass one.")
+    if not wanted["vllm"] and "vllm" not in shared:
+        raise _usage("name the vLLM to check: vllm==X, a vLLM wheel or tree, or --newest.")
+
+    def fetch(distribution: str) -> CheckInput | None:
+        if not wanted[distribution]:
+            return shared.get(distribution)
+        _, _, version_or_input = wanted[distribution][0]
+        if isinstance(version_or_input, CheckInput):
+            return version_or_input
+        return _index_input(distribution, version_or_input)
+
+    omni = fetch("vllm-omni") or _installed_omni()
+    if omni is None:
+        raise _usage("no vllm-omni is installed here; name the one to check against: vllm-omni==X or its wheel.")
+    return fetch("vllm"), omni
+
+
+# ----------------------------------------------------------------------------------- the worker's imports
+
+
+def _module_file(tree: SourceTree, module: str, cache: dict) -> str | None:
+    if module not in cache:
+        path = module.replace(".", "/")
+        cache[module] = next((rel for rel in (f"{path}.py", f"{path}/__init__.py") if tree.read(rel) is not None),
+                             None)
+    return cache[module]
+
+
+def modules_reached(tree: SourceTree, root: str, plugin: str = "vllm_omni") -> set[str] | None:
+    """Plugin modules that ``import root`` executes: root, its parent packages, and their module-level
+    plugin imports, transitively (the import-drift check's rules for "module level"). None when ``root``
+    is not in the tree."""
+    from .detect.import_drift import plugin_imports
+
+    files: dict = {}
+    if _module_file(tree, root, files) is None:
+        return None
+    reached: set[str] = set()
+    todo = [root]
+    while todo:
+        parts = todo.pop().split(".")
+        for depth in range(1, len(parts) + 1):
+            module = ".".join(parts[:depth])
+            relpath = _module_file(tree, module, files)
+            if module in reached or relpath is None:
+                continue
+            reached.add(module)
+            package = module if relpath.endswith("__init__.py") else module.rpartition(".")[0]
+            for _, level, target, names, context in plugin_imports(tree, relpath, plugin):
+                if context != "module":
+                    continue
+                if level == -1:  # import a.b
+                    todo.extend(n for n in names if n == plugin or n.startswith(plugin + "."))
+                    continue
+                if level:
+                    base = package.split(".")[: len(package.split(".")) - (level - 1)]
+                    target = ".".join(base + ([target] if target else []))
+                if target and (target == plugin or target.startswith(plugin + ".")):
+                    todo.append(target)
+                    todo.extend(f"{target}.{n}" for n in names if n != "*")  # submodules, if they are files
+    return reached
+
+
+def _first_use(unresolved, names: list[str]) -> list[dict]:
+    """Each name with the first importer that reaches it (what to look at)."""
+    out = []
+    for name in names:
+        u = next(u for u in unresolved if u.target == name)
+        out.append({"target": name, "importer": u.importer, "line": u.line, "reason": u.reason})
+    return out
+
+
+def bridged_names(planned, names: list[str]) -> list[str]:
+    """Of the missing vLLM ``names``, those a catalogue entry that provides a name (any kind but "patch": a
+    stand-in, an alias, an adapter) is decided to provide: they no longer stop anything. A missing module
+    counts as bridged when an entry provides a name inside it."""
+    provided = set()
+    for entry, _, decision in planned:
+        if getattr(entry, "kind", "patch") != "patch" and decision.action == "patched":
+            provided.update((entry.target_path, entry.target_module))
+    return [name for name in names if name in provided]
+
+
+# ------------------------------------------------------------------------------------------------ check
+
+
+@dataclass
+class CheckResult:
+    vllm: CheckInput
+    omni: CheckInput
+    report: object  # reporting.Report
+    worker: dict  # {"module", "found", "names"}
+    still_blocking: dict  # {"import": [...], "diffusion_worker": [...]} with importers
+    bridged: list[str]
+    verdict: object  # reporting.CheckVerdict
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
+
+    def to_dict(self) -> dict:
+        data = self.report.to_dict()
+        data["mode"] = "check"
+        data["inputs"] = {"vllm": self.vllm.to_dict(), "vllm_omni": self.omni.to_dict()}
+        data["diffusion_worker"] = self.worker
+        data["bridged"] = list(self.bridged)
+        data["still_blocking"] = self.still_blocking
+        data["verdict"] = {"kind": self.verdict.kind, "text": self.verdict.text}
+        data["exit_code"] = self.exit_code
+        return data
+
+
+def run(vllm: CheckInput, omni: CheckInput) -> CheckResult:
+    """Scan both inputs statically and judge them; see the module docstring."""
+    from .config import read_controls
+    from .detect.static import StaticSite
+    from .patches import plan
+    from .reporting import Report
+
+    site = StaticSite(vllm.tree, omni.tree, {"vllm": vllm.version, "vllm-omni": omni.version, "torch": None})
+    planned = plan(site, read_controls())
+    drift = site.import_drift
+    report = Report(mode="static", static=site.environment, patches=[d for _, _, d in planned], _import_drift=drift)
+    unresolved = drift.unresolved if drift is not None else ()
+    reached = modules_reached(omni.tree, WORKER_MODULE)
+    worker_names = sorted({u.target for u in unresolved if reached is not None and u.importer in reached})
+    import_names = drift.blocking_names if drift is not None else []
+    bridged = bridged_names(planned, sorted({u.target for u in unresolved}))
+    still_import = [n for n in import_names if n not in bridged]
+    still_worker = [n for n in worker_names if n not in bridged and n not in still_import]
+    verdict = report.check_verdict(still_import, still_worker, bridged)
+    return CheckResult(
+        vllm=vllm, omni=omni, report=report,
+        worker={"module": WORKER_MODULE, "found": reached is not None, "names": worker_names},
+        still_blocking={"import": _first_use(unresolved, still_import),
+                        "diffusion_worker": _first_use(unresolved, still_worker)},
+        bridged=bridged, verdict=verdict,
+    )
+
+
+def _where(item: CheckInput) -> str:
+    home = os.path.expanduser("~")
+    location = item.location.replace(home, "~", 1) if item.location.startswith(home + os.sep) else item.location
+    return f"{location} ({ {'cache': 'cached', 'downloaded': 'downloaded now'}.get(item.source, item.source) })"
+
+
+def render(result: CheckResult) -> str:
+    """The one screen ``vllm-compat check`` prints."""
+    from .detect.versions import TESTED_VLLM_RANGE, is_tested_vllm
+
+    report, env = result.report, result.report.static
+    caps, yes = env.vllm, {True: "yes", False: "no"}
+    tested = {True: "tested", False: "UNTESTED (outside {}-{})".format(*TESTED_VLLM_RANGE),
+              None: ""}[is_tested_vllm(env.vllm_version)]
+    finalize = "no" if not caps.has_layerwise_finalize else "yes" if caps.has_compatible_finalize else "incompatible"
+    lines = [
+        f"vllm-compat check: vllm {env.vllm_version or '?'} + vllm-omni {env.vllm_omni_version or '?'} "
+        "(static: read from the files, nothing installed or imported)",
+        "",
+        f"  vllm       {env.vllm_version or 'unknown version':<14} level: {caps.level}  {tested}".rstrip(),
+        f"             uses_meta_device: {yes[caps.has_uses_meta_device]}   layerwise finalize: {finalize}"
+        f"   initialize_online_processing: {yes[caps.has_initialize_online_processing]}",
+        f"             from {_where(result.vllm)}",
+        f"  vllm-omni  {env.vllm_omni_version or 'unknown version':<14} loader: {env.loader.kind}"
+        + (f" ({env.loader.detail})" if env.loader.detail else ""),
+        f"             from {_where(result.omni)}",
+        "",
+    ]
+    width = max([len(d.name) for d in report.patches] + [len("drift point")])
+    variants = max([len(d.variant or "-") for d in report.patches] + [len("variant")])
+    lines.append(f"  {'drift point':<{width}}  {'action':<8}  {'variant':<{variants}}  why")
+    for d in report.patches:
+        lines.append(f"  {d.name:<{width}}  {d.action:<8}  {d.variant or '-':<{variants}}  {d.reason}")
+    drift = report.import_drift
+    if drift is not None:
+        lines += ["", f"  import drift: {len(drift.unresolved)} of vllm-omni's {drift.checked} module-level vLLM "
+                      f"imports no longer resolve ({len(drift.names)} distinct name(s))"
+                  + (f", {len(result.bridged)} bridged by vllm_compat" if result.bridged else "")]
+        for label, key in (("import vllm_omni", "import"), ("diffusion worker", "diffusion_worker")):
+            blocking = result.still_blocking[key]
+            if blocking:
+                names = ", ".join(f"{b['target']} (in {b['importer']}:{b['line']})" for b in blocking)
+                lines.append(f"    still stops {label}: {names}")
+        if drift.unresolved and not any(result.still_blocking.values()):
+            lines.append("    none of them is reached by `import vllm_omni` or by its diffusion worker")
+        if not result.worker["found"]:
+            lines.append(f"    ({WORKER_MODULE} not found in this vllm-omni: the worker's imports were not followed)")
+    lines += ["", f"  verdict: {result.verdict.text}"]
+    return "\n".join(lines)
+
+
+def run_check(args) -> int:
+    """``vllm-compat check`` (cli.py's handler): print the screen or JSON; 0 / 1 / 2 as the module says."""
+    try:
+        vllm, omni = resolve_inputs(list(args.specs), newest=args.newest)
+        result = run(vllm, omni)
+    except WheelError as exc:
+        print(f"vllm-compat check: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": {"kind": exc.kind, "message": str(exc)}, "exit_code": 2}, indent=2))
+        return 2
+    print(json.dumps(result.to_dict(), indent=2) if args.json else render(result))
+    return result.exit_code
