@@ -245,7 +245,7 @@ def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
 
     in_tree_source = inspect.getsource(in_tree)
     assert "has_online_quant" in in_tree_source, "this vllm-omni's loader is not the gated in-tree method"
-    deps = dl.resolve_deps(True)
+    deps = dl.resolve_deps()
     loader = object.__new__(cls)  # the variants and the in-tree method read nothing from self but a staticmethod
     device = torch.device("cpu")
 

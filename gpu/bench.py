@@ -64,7 +64,7 @@ def main() -> None:
     cls = common.loader_class()
     intree = common.original_method(cls)
     legacy, legacy_sha = common.method_from_source(OMNI24_FILE)
-    patch.install(cls, "meta_safe", patch.resolve_deps(True))
+    patch.install_variant(cls, "meta_safe", patch.resolve_deps())
     loader = common.bare_loader(cls)
     methods = {
         "in-tree 0.30.0": lambda m, d: intree(loader, m, d),

@@ -34,7 +34,7 @@ LAYOUTS = ("cuda_to_cpu", "offload_to_cuda")
 def methods():
     from vllm_compat.patches.diffusers_loader import VARIANT_FUNCTIONS, resolve_deps
 
-    deps = resolve_deps(True)
+    deps = resolve_deps()
     cls = common.loader_class()
     intree = common.original_method(cls)
     loader = common.bare_loader(cls)

@@ -3,7 +3,7 @@
 Run with one vllm-omni on the path (``source gpu/device_env.sh 24``), then ``python -m gpu.check_meta OUT.json``.
 1. unpatched: the installed vllm-omni's own ``_process_weights_after_loading`` (vllm_compat not imported);
 2. patched: ``vllm_compat.apply()`` (the decision table's pick), then the same call through the class;
-3. forced meta_safe: ``install(cls, "meta_safe", resolve_deps(True))``, in case the table picked another.
+3. forced meta_safe: ``install_variant(cls, "meta_safe", resolve_deps())``, in case the table picked another.
 Each on a fresh model; target device ``cuda:<current>``. Reports the outcome, params left on meta, and whether
 every loaded layer holds the FP8 weight/scale of its checkpoint tensors on CUDA.
 """
@@ -80,7 +80,7 @@ def main(out_path: str) -> dict:
     report["patched_by_apply"] = run_case(lambda m, d: loader._process_weights_after_loading(m, d), device)
 
     vllm_compat.revert()
-    patch.install(cls, "meta_safe", patch.resolve_deps(True))
+    patch.install_variant(cls, "meta_safe", patch.resolve_deps())
     report["patched_meta_safe"] = run_case(lambda m, d: loader._process_weights_after_loading(m, d), device)
     patch.uninstall(cls)
 

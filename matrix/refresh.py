@@ -43,15 +43,16 @@ def download(distribution: str, version: str, into: Path) -> Path:
 
 def measure(vllm_wheel: Path, omni_wheel: Path | None, vllm: str, omni: str | None) -> dict:
     from vllm_compat.config import read_controls
-    from vllm_compat.decide import decide_loader_patch
     from vllm_compat.detect.import_drift import check_import_drift
-    from vllm_compat.detect.static import SourceTree, scan_tree
-    from vllm_compat.patches.catalogue import DIFFUSERS_LOADER
+    from vllm_compat.detect.static import SourceTree, StaticSite
+    from vllm_compat.patches import plan
 
     vllm_tree = SourceTree(vllm_wheel)
     omni_tree = SourceTree(omni_wheel) if omni_wheel else SourceTree(Path("/nonexistent-vllm-compat-root"))
-    env = scan_tree(vllm_tree, {"vllm": vllm, "vllm-omni": omni, "torch": None}, omni_tree=omni_tree)
-    decision = decide_loader_patch(env, read_controls(), DIFFUSERS_LOADER.id, DIFFUSERS_LOADER.target_path)
+    site = StaticSite(vllm_tree, omni_tree, {"vllm": vllm, "vllm-omni": omni, "torch": None})
+    env = site.environment
+    # expect.action / variant are the first catalogue entry's (the loader), as test_matrix_consistency reads them
+    _, _, decision = plan(site, read_controls())[0]
     expect = {"level": env.vllm.level, "loader": env.loader.kind, "action": decision.action}
     if decision.variant:
         expect["variant"] = decision.variant

@@ -37,10 +37,12 @@ def test_hook_patches_once_under_racing_threads_reload_and_revert():
         original = patched.__wrapped__
         out = dict(
             variant=installed_variant(cls),
-            info_lines=stream.getvalue().count("vllm_compat: patched"),
+            info_lines=stream.getvalue().count("vllm_compat: patched {LOADER}.DiffusersPipelineLoader._process_"),
+            info_lines_total=stream.getvalue().count("vllm_compat: patched"),
+            patched_total=sum(d.action == "patched" for d in vllm_compat.apply()),
             name=patched.__name__, doc=patched.__doc__ == original.__doc__,
             signature=str(inspect.signature(patched)) == str(inspect.signature(original)),
-            decisions=[d.to_dict() for d in vllm_compat.apply()],
+            decisions=[d.to_dict() for d in vllm_compat.apply() if d.name == "diffusers_loader_meta_device"],
         )
         vllm_compat.revert()
         out["reverted_exact"] = vars(cls)["_process_weights_after_loading"] is original
@@ -59,6 +61,7 @@ def test_hook_patches_once_under_racing_threads_reload_and_revert():
     out = json.loads(result.stdout.split("RESULT", 1)[1])
     assert out["variant"] == "meta_safe" and out["decisions"][0]["action"] == "patched"
     assert out["info_lines"] == 1
+    assert out["info_lines_total"] == out["patched_total"]  # one INFO line per patched entry, however often
     assert out["name"] == "_process_weights_after_loading" and out["doc"] and out["signature"]
     assert out["reverted_exact"] is True
     assert out["after_revert_reload"] is None
@@ -83,7 +86,7 @@ def test_real_omni_plugin_loader_activates_the_shim_in_a_spawned_process(tmp_pat
             module = importlib.import_module("{LOADER}")
             from vllm_compat import current_decisions
             from vllm_compat.patches.diffusers_loader import installed_variant
-            queue.put((installed_variant(module.DiffusersPipelineLoader), [d.action for d in current_decisions()]))
+            queue.put((installed_variant(module.DiffusersPipelineLoader), [d.action for d in current_decisions() if d.name == "diffusers_loader_meta_device"]))
 
         if __name__ == "__main__":
             ctx = mp.get_context("spawn")
@@ -108,7 +111,7 @@ def test_disable_leaves_the_loader_untouched():
         import importlib, vllm_compat
         module = importlib.import_module("{LOADER}")
         from vllm_compat.patches.diffusers_loader import installed_variant
-        print(installed_variant(module.DiffusersPipelineLoader), [d.action for d in vllm_compat.apply()],
+        print(installed_variant(module.DiffusersPipelineLoader), [d.action for d in vllm_compat.apply() if d.name == "diffusers_loader_meta_device"],
               vllm_compat.report().to_dict()["patches"][0]["action"])
         """,
         env={"VLLM_COMPAT_DISABLE": "1"},

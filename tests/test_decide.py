@@ -5,13 +5,16 @@ from dataclasses import replace
 import pytest
 
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action, decide_loader_patch
-from vllm_compat.detect.model import LoaderKind, LoaderShape, VllmCapabilities
+from vllm_compat.decide import Action
+from vllm_compat.patches import decide_entry, entry
+
+LOADER = entry("diffusers_loader_meta_device")
+from vllm_compat.detect.model import LoaderKind, LoaderShape, VllmCapabilities, Param
 from vllm_compat.detect.static import detect_static
 
 REAL = detect_static()
 META_VLLM = VllmCapabilities(installed=True, has_uses_meta_device=True, has_layerwise_finalize=True,
-                             finalize_params=("model", "model_config"))
+                             finalize_params=(Param("model"), Param("model_config")))
 OLD_VLLM = VllmCapabilities(installed=True)  # vLLM <= 0.16: no uses_meta_device
 
 
@@ -20,7 +23,7 @@ def env_with(kind, vllm=META_VLLM, omni_methods=()):
 
 
 def decide(env, **controls):
-    return decide_loader_patch(env, Controls(**controls), "p", "t")
+    return decide_entry(LOADER, env, Controls(**controls))
 
 
 @pytest.mark.parametrize(

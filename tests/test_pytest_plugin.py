@@ -104,7 +104,9 @@ def test_unmarked_tests_never_run_detection(pytester, monkeypatch):
     import vllm_compat.detect.static as static
 
     calls = []
+    installed = static.StaticSite.installed
     monkeypatch.setattr(static, "detect_static", lambda: calls.append(1) or STATIC)
+    monkeypatch.setattr(static.StaticSite, "installed", classmethod(lambda cls: calls.append(1) or installed()))
     pytester.makepyfile("def test_plain():\n    pass\n\ndef test_plain_too():\n    pass\n")
     pytester.runpytest().assert_outcomes(passed=2)
     assert calls == [1]  # the report header's one detection; none for the two unmarked tests

@@ -88,7 +88,7 @@ def test_vllm_wheel(capsys, wheels):
     assert profile["vllm"]["version"] == VLLM_WHEEL_VERSION
     assert profile["vllm"]["level"] == "meta_device_with_finalize"
     caps = profile["vllm"]["capabilities"]
-    assert caps["has_uses_meta_device"] and caps["finalize_params"] == ["model", "model_config"]
+    assert caps["has_uses_meta_device"] and caps["finalize_signature"] == "(model, model_config)"
     assert profile["vllm_omni"]["loader_kind"] == "absent" and profile["import_drift"] is None
 
 

@@ -7,16 +7,40 @@ detection disagreeing; 2 usage errors (bad arguments, bad ``VLLM_COMPAT_*`` valu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 
 
 def _doctor(args) -> int:
     from . import report
 
-    result = report(runtime=args.runtime)
+    if args.runtime:
+        with _stdout_to_stderr():  # vLLM logs to stdout: keep doctor's stdout its report alone
+            result = report(runtime=True)
+    else:
+        result = report()
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.render_table())
     return result.exit_code
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Send everything written to stdout meanwhile to stderr: Python writes (vLLM's log handler is created with
+    ``sys.stdout`` as it is when vLLM is imported, so it keeps writing to stderr afterwards) and, at the file
+    descriptor, what native code prints."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _scan(args) -> int:

@@ -4,6 +4,8 @@
 ``VLLM_COMPAT_LOADER_VARIANT``   auto (default) | legacy | meta_safe; a forced variant also patches a loader
                                  that is already fixed upstream or of an unknown shape.
 ``VLLM_COMPAT_STRICT=1``         a refused patch raises ``PatchRefusedError`` instead of logging a warning.
+``VLLM_COMPAT_DISABLE_PATCHES``  comma-separated catalogue ids (``vllm-compat doctor`` lists them) left alone;
+                                 an id the catalogue does not have is an error.
 
 An invalid value raises ``ConfigError`` naming the variable, the value and the allowed values: a typo in a
 production switch must never be silently ignored.
@@ -20,6 +22,7 @@ from .errors import ConfigError
 DISABLE_VAR = "VLLM_COMPAT_DISABLE"
 VARIANT_VAR = "VLLM_COMPAT_LOADER_VARIANT"
 STRICT_VAR = "VLLM_COMPAT_STRICT"
+DISABLE_PATCHES_VAR = "VLLM_COMPAT_DISABLE_PATCHES"
 
 LOADER_VARIANTS = ("auto", "legacy", "meta_safe")
 _TRUE = ("1", "true", "yes", "on")
@@ -31,6 +34,7 @@ class Controls:
     disabled: bool = False
     loader_variant: str = "auto"
     strict: bool = False
+    disabled_patches: frozenset = frozenset()
 
     @property
     def is_forced(self) -> bool:
@@ -67,4 +71,20 @@ def read_controls(environ: Mapping[str, str] | None = None) -> Controls:
         disabled=_read_flag(environ, DISABLE_VAR),
         loader_variant=variant,
         strict=_read_flag(environ, STRICT_VAR),
+        disabled_patches=_read_patch_ids(environ),
     )
+
+
+def _read_patch_ids(environ: Mapping[str, str]) -> frozenset:
+    from .patches.catalogue import CATALOGUE
+
+    raw = environ.get(DISABLE_PATCHES_VAR, "")
+    ids = frozenset(part.strip() for part in raw.split(",") if part.strip())
+    known = [entry.id for entry in CATALOGUE]
+    unknown = sorted(ids - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{DISABLE_PATCHES_VAR}={raw!r} names {', '.join(unknown)}, which the catalogue does not have. "
+            f"Known ids: {', '.join(known)} (`vllm-compat doctor` lists them with what each does)."
+        )
+    return ids

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .detect.model import Environment
+from .detect.model import Environment, render_params
 from .detect.versions import TESTED_VLLM_RANGE, is_tested_vllm
 
 
@@ -83,7 +83,10 @@ class Report:
         yes = {True: "yes", False: "no"}
         tested = is_tested_vllm(env.vllm_version)
         tested_note = {True: "tested", False: "UNTESTED (outside {}-{})".format(*TESTED_VLLM_RANGE), None: ""}[tested]
-        finalize = f"yes ({', '.join(caps.finalize_params)})" if caps.has_layerwise_finalize else "no"
+        finalize = "no"
+        if caps.has_layerwise_finalize:
+            finalize = f"yes {render_params(caps.finalize_params)}" + (
+                "" if caps.has_compatible_finalize else " INCOMPATIBLE: does not accept (model, model_config=None)")
         how = "read from files, nothing imported" if self.mode == "static" else "imported and applied live"
         lines = [
             f"vllm-compat doctor ({self.mode}: {how})",
@@ -105,11 +108,12 @@ class Report:
         lines.append(f"  torch      {env.torch_version or 'not installed'}")
         lines.append("")
         width = max([len(d.name) for d in self.patches] + [5])
-        lines.append(f"  {'patch':<{width}}  {'action':<8}  {'variant':<9}  why")
+        variant_width = max([len(d.variant or "-") for d in self.patches] + [7])
+        lines.append(f"  {'patch':<{width}}  {'action':<8}  {'variant':<{variant_width}}  why")
         for d in self.patches:
-            lines.append(f"  {d.name:<{width}}  {d.action:<8}  {d.variant or '-':<9}  {d.reason}")
+            lines.append(f"  {d.name:<{width}}  {d.action:<8}  {d.variant or '-':<{variant_width}}  {d.reason}")
         if self.mode == "static" and any(d.action == "patched" for d in self.patches):
-            lines.append("  (static: 'patched' means it will be patched when vllm-omni's loader is imported)")
+            lines.append("  (static: 'patched' means it will be patched when its target module is imported)")
         if self.runtime_error:
             lines += ["", f"  runtime: {self.runtime_error}"]
         for mismatch in self.mismatches:
@@ -186,56 +190,44 @@ def render_import_drift(drift, indent: str = "             ", shown: int = 3) ->
     return lines
 
 
-def compare_environments(static: Environment, runtime: Environment) -> list[str]:
-    """Human-readable differences between what the files say and what the imported modules say."""
-    mismatches = []
-    if static.vllm.to_dict() != runtime.vllm.to_dict():
-        mismatches.append(f"vllm capabilities {static.vllm.to_dict()} != {runtime.vllm.to_dict()}")
-    if static.loader.kind != runtime.loader.kind:
-        mismatches.append(f"loader kind {static.loader.kind} != {runtime.loader.kind}")
-    # A class declared in a file whose module fails to import is not a disagreement: the file says it exists,
-    # the process cannot use it. Only unexplained differences count.
-    unimportable = set(runtime.omni_quant_import_failures)
-    static_methods = {m for m in static.omni_meta_device_methods if m.split(":", 1)[0] not in unimportable}
-    if static_methods != set(runtime.omni_meta_device_methods):
-        mismatches.append(
-            f"vllm-omni meta-device methods {sorted(static.omni_meta_device_methods)} != "
-            f"{sorted(runtime.omni_meta_device_methods)}"
-        )
-    return mismatches
-
-
 def build_report(runtime: bool = False) -> Report:
-    """Detect statically; with ``runtime`` also import, apply and compare. Decisions already made in this
-    process are reported as they are; otherwise the static decision is what the import hook will do."""
+    """Detect statically; with ``runtime`` also import, apply and compare, entry by entry. Decisions already made
+    in this process are reported as they are; otherwise the static decision is what the hooks will do."""
     from .activate import apply, current_decisions
     from .config import read_controls
-    from .decide import decide_loader_patch
-    from .detect.static import detect_static
-    from .patches.catalogue import DIFFUSERS_LOADER
+    from .detect.static import StaticSite
+    from .patches import plan
 
-    static = detect_static()
+    site = StaticSite.installed()
+    planned = plan(site, read_controls())
+    static_decisions = [decision for _, _, decision in planned]
     if not runtime:
-        planned = [decide_loader_patch(static, read_controls(), DIFFUSERS_LOADER.id, DIFFUSERS_LOADER.target_path)]
         recorded = {d.name: d for d in current_decisions() if d.action != "pending"}
-        patches = [recorded.get(d.name, d) for d in planned]
-        return Report(mode="static", static=static, patches=patches)
+        patches = [recorded.get(d.name, d) for d in static_decisions]
+        return Report(mode="static", static=site.environment, patches=patches)
 
     from .detect.runtime import detect_runtime
 
     try:
         live = detect_runtime()
     except Exception as exc:  # noqa: BLE001 - the point is to show the user what breaks a worker
-        return Report(
-            mode="runtime",
-            static=static,
-            patches=[decide_loader_patch(static, read_controls(), DIFFUSERS_LOADER.id, DIFFUSERS_LOADER.target_path)],
-            runtime_error=f"importing vLLM / vllm-omni failed: {type(exc).__name__}: {exc}",
-        )
-    return Report(
-        mode="runtime",
-        static=static,
-        runtime=live,
-        patches=apply(),
-        mismatches=compare_environments(static, live),
-    )
+        return Report(mode="runtime", static=site.environment, patches=static_decisions,
+                      runtime_error=f"importing vLLM / vllm-omni failed: {type(exc).__name__}: {exc}")
+    return Report(mode="runtime", static=site.environment, runtime=live, patches=apply(),
+                  mismatches=_runtime_mismatches(planned))
+
+
+def _runtime_mismatches(planned) -> list[str]:
+    """Every entry whose target is imported: its static facts against the live ones."""
+    import sys
+
+    from .patches import drift_point
+
+    mismatches = []
+    for entry, static_facts, _ in planned:
+        module = sys.modules.get(entry.target_module)
+        if module is None:
+            continue
+        point = drift_point(entry)
+        mismatches += [f"{entry.id}: {m}" for m in point.compare(static_facts, point.detect_runtime(module))]
+    return mismatches

@@ -6,7 +6,7 @@ import pytest
 from packaging.version import Version
 
 from conftest import OMNI_VERSION, needs_omni
-from vllm_compat.detect.model import LoaderKind, VllmCapabilities, VllmLevel, classify_loader_source
+from vllm_compat.detect.model import LoaderKind, VllmCapabilities, VllmLevel, classify_loader_source, Param
 from vllm_compat.detect.static import (
     LOADER_CLASS,
     LOADER_METHOD,
@@ -91,9 +91,9 @@ def test_installed_vllm_omni_loader_file_classifies_as_its_release_ships():
         (VllmCapabilities(installed=True), VllmLevel.NO_META_DEVICE),
         (VllmCapabilities(installed=True, has_uses_meta_device=True), VllmLevel.META_DEVICE_WITHOUT_FINALIZE),
         (VllmCapabilities(installed=True, has_uses_meta_device=True, has_layerwise_finalize=True,
-                          finalize_params=("model",)), VllmLevel.META_DEVICE_WITHOUT_FINALIZE),
+                          finalize_params=(Param("model"),)), VllmLevel.META_DEVICE_WITHOUT_FINALIZE),
         (VllmCapabilities(installed=True, has_uses_meta_device=True, has_layerwise_finalize=True,
-                          finalize_params=("model", "model_config")), VllmLevel.META_DEVICE_WITH_FINALIZE),
+                          finalize_params=(Param("model"), Param("model_config"))), VllmLevel.META_DEVICE_WITH_FINALIZE),
     ],
 )
 def test_level_names_follow_capabilities(caps, level):

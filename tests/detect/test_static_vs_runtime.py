@@ -5,7 +5,7 @@ import pytest
 from conftest import needs_vllm, omni_importable_or_absent
 from vllm_compat.detect.runtime import detect_runtime
 from vllm_compat.detect.static import detect_static
-from vllm_compat.reporting import compare_environments
+from vllm_compat.detect.model import compare_environments
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def test_static_and_runtime_detection_agree(environments):
 def test_finalize_signature_is_the_one_loaders_call():
     static = detect_static()
     if static.vllm.has_layerwise_finalize:
-        assert static.vllm.finalize_params == ("model", "model_config")
+        assert [p.name for p in static.vllm.finalize_params] == ["model", "model_config"]
 
 
 def test_static_detection_imports_nothing_it_scans():

@@ -21,7 +21,7 @@ def deps(oq):
     from vllm_compat.detect.runtime import probe_vllm
     from vllm_compat.patches.diffusers_loader import resolve_deps
 
-    return resolve_deps(probe_vllm().has_compatible_finalize)
+    return resolve_deps()
 
 
 @pytest.fixture(scope="session")

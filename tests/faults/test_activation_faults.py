@@ -42,7 +42,10 @@ for name in [m for m in sys.modules if m == "vllm_compat" or m.startswith("vllm_
     del sys.modules[name]
 import vllm_compat
 from vllm_compat.patches.diffusers_loader import installed_variant
-from vllm_compat.activate import patch_loader_module
+from vllm_compat.activate import activate_entry
+from vllm_compat.patches import entry as catalogue_entry
+def patch_loader_module(module, controls):
+    return activate_entry(catalogue_entry("diffusers_loader_meta_device"), module, controls)
 from vllm_compat.config import Controls
 from vllm_compat.errors import PatchRefusedError
 out = {{"finders": sum(1 for f in sys.meta_path if getattr(f, "_vllm_compat_finder", False))}}
@@ -58,9 +61,9 @@ def depth(cls):
 
 module = importlib.import_module({LOADER_MODULE!r})
 cls = module.DiffusersPipelineLoader
-out["after_double_import"] = [installed_variant(cls), depth(cls), [d.action for d in vllm_compat.current_decisions()],
-                              [d.action for d in first_instance.current_decisions()]]
-out["info_lines_after_double_import"] = stream.getvalue().count("vllm_compat: patched")
+out["after_double_import"] = [installed_variant(cls), depth(cls), [d.action for d in vllm_compat.current_decisions() if d.name == "diffusers_loader_meta_device"],
+                              [d.action for d in first_instance.current_decisions() if d.name == "diffusers_loader_meta_device"]]
+out["info_lines_after_double_import"] = stream.getvalue().count("vllm_compat: patched " + {LOADER_MODULE!r} + ".DiffusersPipelineLoader._process")
 try:
     vllm_compat.revert()
     out["revert_after_reimport"] = "ok"

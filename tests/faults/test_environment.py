@@ -38,7 +38,7 @@ out = {}
 out["static_code"], out["static_table"] = doctor()
 code, text = doctor("--json")
 out["static"] = json.loads(text)
-out["apply"] = [d.action for d in vllm_compat.apply()]
+out["apply"] = [d.action for d in vllm_compat.apply() if d.name == "diffusers_loader_meta_device"]
 out["modules_after_static"] = sorted(m for m in ("vllm", "vllm_omni", "torch") if m in sys.modules)
 if "--runtime" in sys.argv:
     out["runtime_code"], text = doctor("--runtime", "--json")
@@ -213,7 +213,10 @@ def test_loader_shapes_no_release_has_are_refused_not_patched_blindly(tmp_path):
 import importlib, json, sys
 sys.path.insert(0, {str(tmp_path / 'shapes')!r})
 import torch
-from vllm_compat.activate import patch_loader_module
+from vllm_compat.activate import activate_entry
+from vllm_compat.patches import entry as catalogue_entry
+def patch_loader_module(module, controls):
+    return activate_entry(catalogue_entry("diffusers_loader_meta_device"), module, controls)
 from vllm_compat.config import Controls
 from vllm_compat.errors import PatchRefusedError
 from vllm_compat.patches.diffusers_loader import installed_variant
@@ -292,9 +295,9 @@ def attempt(source, **env):
     try:
         module = importlib.import_module(NAME)
         return ["imported", installed_variant(module.DiffusersPipelineLoader),
-                [d.action for d in vllm_compat.current_decisions()]]
+                [d.action for d in vllm_compat.current_decisions() if d.name == "diffusers_loader_meta_device"]]
     except BaseException as exc:
-        return [type(exc).__name__, str(exc), [d.action for d in vllm_compat.current_decisions()]]
+        return [type(exc).__name__, str(exc), [d.action for d in vllm_compat.current_decisions() if d.name == "diffusers_loader_meta_device"]]
     finally:
         for k in env:
             os.environ.pop(k)
@@ -347,7 +350,7 @@ FINALIZE_EDITS = {
 @pytest.mark.parametrize("fault", list(FINALIZE_EDITS))
 def test_uses_meta_device_without_a_compatible_finalize_static(tmp_path, fault):
     from vllm_compat.config import Controls
-    from vllm_compat.decide import decide_loader_patch
+    from vllm_compat.patches.diffusers_loader import decide
     from vllm_compat.detect.model import LoaderKind, LoaderShape
     from vllm_compat.detect.static import SourceTree, scan_tree
 
@@ -360,7 +363,7 @@ def test_uses_meta_device_without_a_compatible_finalize_static(tmp_path, fault):
     from dataclasses import replace
 
     legacy = replace(env, loader=LoaderShape(LoaderKind.LEGACY))
-    assert decide_loader_patch(legacy, Controls(), "x", "y").variant == "meta_safe"
+    assert decide(legacy, Controls()).variant == "meta_safe"
 
 
 @needs_vllm

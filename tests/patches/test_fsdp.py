@@ -52,7 +52,7 @@ from tests.support.online_quant import (  # noqa: E402
 )
 from vllm_compat.patches.diffusers_loader import VARIANT_FUNCTIONS, resolve_deps, uses_online_quant  # noqa: E402
 
-DEPS = resolve_deps(finalize_compatible=HAS_FINALIZE)
+DEPS = resolve_deps()
 
 # vLLM >= 0.33 imports its online-quant kernels module (about 12 s on CPU) the first time a layer is processed
 # layerwise; pay that once here, at collection, instead of inside whichever test loads an online layer first.

@@ -32,7 +32,65 @@ class VllmLevel:
 
 FINALIZE_MODULE = "vllm.model_executor.model_loader.reload.layerwise"
 FINALIZE_NAME = "finalize_layerwise_processing"
-FINALIZE_PARAMS = ("model", "model_config")
+# The call every loader makes (vllm-omni >= 0.26's in-tree fix, and ours): finalize(model, model_config=None).
+FINALIZE_CALL_POSITIONAL = ("model",)
+FINALIZE_CALL_KEYWORDS = ("model_config",)
+
+
+class ParamKind:
+    POSITIONAL = "positional"  # positional-only or positional-or-keyword
+    KEYWORD_ONLY = "keyword_only"
+    VAR_POSITIONAL = "var_positional"  # *args
+    VAR_KEYWORD = "var_keyword"  # **kwargs
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a function, as both detections see it (from ``ast`` or from ``inspect``)."""
+
+    name: str
+    kind: str = ParamKind.POSITIONAL
+    has_default: bool = False
+
+    def render(self) -> str:
+        prefix = {ParamKind.VAR_POSITIONAL: "*", ParamKind.VAR_KEYWORD: "**"}.get(self.kind, "")
+        return f"{prefix}{self.name}{'=...' if self.has_default else ''}"
+
+
+def render_params(params) -> str:
+    """``(model, *, strict, dtype=...)``: the signature the way Python prints it, defaults elided."""
+    parts, star_written = [], False
+    for param in params:
+        if param.kind == ParamKind.VAR_POSITIONAL:
+            star_written = True
+        elif param.kind == ParamKind.KEYWORD_ONLY and not star_written:
+            parts.append("*")
+            star_written = True
+        parts.append(param.render())
+    return f"({', '.join(parts)})"
+
+
+def accepts_call(params, positional: tuple[str, ...], keywords: tuple[str, ...]) -> bool:
+    """Whether a function with ``params`` accepts ``f(*positional, **{k: ... for k in keywords})``: the
+    positional arguments fill its leading positional parameters (or ``*args``), each keyword names a
+    parameter that takes a keyword (or lands in ``**kwargs``), and every parameter left unfilled has a default."""
+    leading = [p for p in params if p.kind == ParamKind.POSITIONAL]
+    var_positional = any(p.kind == ParamKind.VAR_POSITIONAL for p in params)
+    var_keyword = any(p.kind == ParamKind.VAR_KEYWORD for p in params)
+    if len(positional) > len(leading) and not var_positional:
+        return False
+    filled = {p.name for p in leading[: len(positional)]}
+    by_keyword = {p.name for p in params[len(filled):] if p.kind in (ParamKind.POSITIONAL, ParamKind.KEYWORD_ONLY)}
+    for keyword in keywords:
+        if keyword in by_keyword:
+            filled.add(keyword)
+        elif not var_keyword:
+            return False
+    return all(
+        p.name in filled or p.has_default
+        for p in params
+        if p.kind in (ParamKind.POSITIONAL, ParamKind.KEYWORD_ONLY)
+    )
 
 
 @dataclass(frozen=True)
@@ -40,14 +98,16 @@ class VllmCapabilities:
     installed: bool
     has_uses_meta_device: bool = False
     has_layerwise_finalize: bool = False
-    finalize_params: tuple[str, ...] = ()
+    finalize_params: tuple[Param, ...] = ()
     has_initialize_online_processing: bool = False
     readable: bool = True
 
     @property
     def has_compatible_finalize(self) -> bool:
-        """Finalize exists and takes ``(model, model_config)``, the call the loader makes."""
-        return self.has_layerwise_finalize and self.finalize_params[:2] == FINALIZE_PARAMS
+        """Finalize exists and accepts ``(model, model_config=None)``, the call the loader makes."""
+        return self.has_layerwise_finalize and accepts_call(
+            self.finalize_params, FINALIZE_CALL_POSITIONAL, FINALIZE_CALL_KEYWORDS
+        )
 
     @property
     def level(self) -> str:
@@ -63,7 +123,9 @@ class VllmCapabilities:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["finalize_params"] = list(self.finalize_params)
+        data["finalize_params"] = [asdict(p) for p in self.finalize_params]
+        data["finalize_signature"] = render_params(self.finalize_params) if self.has_layerwise_finalize else None
+        data["has_compatible_finalize"] = self.has_compatible_finalize
         return data
 
 
@@ -214,3 +276,22 @@ class Environment:
     def can_create_meta_params(self) -> bool:
         """Whether any installed quant method may leave parameters on ``meta`` for the loader to meet."""
         return self.vllm.has_uses_meta_device or bool(self.omni_meta_device_methods)
+
+
+def compare_environments(static: Environment, runtime: Environment) -> list[str]:
+    """Human-readable differences between what the files say and what the imported modules say."""
+    mismatches = []
+    if static.vllm.to_dict() != runtime.vllm.to_dict():
+        mismatches.append(f"vllm capabilities {static.vllm.to_dict()} != {runtime.vllm.to_dict()}")
+    if static.loader.kind != runtime.loader.kind:
+        mismatches.append(f"loader kind {static.loader.kind} != {runtime.loader.kind}")
+    # A class declared in a file whose module fails to import is not a disagreement: the file says it exists,
+    # the process cannot use it. Only unexplained differences count.
+    unimportable = set(runtime.omni_quant_import_failures)
+    static_methods = {m for m in static.omni_meta_device_methods if m.split(":", 1)[0] not in unimportable}
+    if static_methods != set(runtime.omni_meta_device_methods):
+        mismatches.append(
+            f"vllm-omni meta-device methods {sorted(static.omni_meta_device_methods)} != "
+            f"{sorted(runtime.omni_meta_device_methods)}"
+        )
+    return mismatches

@@ -15,6 +15,8 @@ from .model import (
     Environment,
     LoaderKind,
     LoaderShape,
+    Param,
+    ParamKind,
     VllmCapabilities,
     classify_loader_source,
 )
@@ -44,13 +46,7 @@ def probe_vllm() -> VllmCapabilities:
         return VllmCapabilities(installed=installed, readable=not installed)
     layerwise = _import_optional(FINALIZE_MODULE)
     finalize = getattr(layerwise, FINALIZE_NAME, None)
-    finalize_params = ()
-    if finalize is not None:
-        finalize_params = tuple(
-            p.name
-            for p in inspect.signature(finalize).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        )
+    finalize_params = live_params(finalize) if finalize is not None else ()
     return VllmCapabilities(
         installed=True,
         has_uses_meta_device=hasattr(base_config.QuantizeMethodBase, "uses_meta_device"),
@@ -58,6 +54,25 @@ def probe_vllm() -> VllmCapabilities:
         finalize_params=finalize_params,
         has_initialize_online_processing=hasattr(layerwise, "initialize_online_processing"),
     )
+
+
+_KINDS = {
+    inspect.Parameter.POSITIONAL_ONLY: ParamKind.POSITIONAL,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD: ParamKind.POSITIONAL,
+    inspect.Parameter.VAR_POSITIONAL: ParamKind.VAR_POSITIONAL,
+    inspect.Parameter.KEYWORD_ONLY: ParamKind.KEYWORD_ONLY,
+    inspect.Parameter.VAR_KEYWORD: ParamKind.VAR_KEYWORD,
+}
+
+
+def live_params(func) -> tuple[Param, ...]:
+    """``func``'s parameters as static detection reports them; a callable without a signature (some builtins)
+    counts as ``(*args, **kwargs)``."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return (Param("args", ParamKind.VAR_POSITIONAL), Param("kwargs", ParamKind.VAR_KEYWORD))
+    return tuple(Param(p.name, _KINDS[p.kind], p.default is not p.empty) for p in signature.parameters.values())
 
 
 def original_loader_function(loader_class: type):

@@ -15,6 +15,8 @@ from .model import (
     Environment,
     LoaderKind,
     LoaderShape,
+    Param,
+    ParamKind,
     VllmCapabilities,
     classify_loader_source,
 )
@@ -98,6 +100,20 @@ def _module_function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
     return None
 
 
+def function_params(func: ast.FunctionDef) -> tuple[Param, ...]:
+    """Every parameter of a parsed function, in order, with its kind and whether it has a default."""
+    args = func.args
+    positional = [*args.posonlyargs, *args.args]
+    first_defaulted = len(positional) - len(args.defaults)
+    params = [Param(a.arg, ParamKind.POSITIONAL, i >= first_defaulted) for i, a in enumerate(positional)]
+    if args.vararg is not None:
+        params.append(Param(args.vararg.arg, ParamKind.VAR_POSITIONAL))
+    params += [Param(a.arg, ParamKind.KEYWORD_ONLY, d is not None) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    if args.kwarg is not None:
+        params.append(Param(args.kwarg.arg, ParamKind.VAR_KEYWORD))
+    return tuple(params)
+
+
 def _parse(tree: SourceTree, relpath: str) -> ast.Module | None:
     text = tree.read(relpath)
     if text is None:
@@ -119,9 +135,7 @@ def scan_vllm(tree: SourceTree) -> VllmCapabilities:
         return VllmCapabilities(installed=True, readable=False)
     layerwise = _parse(tree, LAYERWISE_FILE)
     finalize = _module_function(layerwise, FINALIZE_NAME) if layerwise else None
-    finalize_params = ()
-    if finalize is not None:
-        finalize_params = tuple(a.arg for a in (*finalize.args.posonlyargs, *finalize.args.args))
+    finalize_params = function_params(finalize) if finalize is not None else ()
     return VllmCapabilities(
         installed=True,
         has_uses_meta_device=_assigns_name(base_body, "uses_meta_device"),
@@ -191,8 +205,43 @@ def scan_tree(tree: SourceTree, versions: dict[str, str | None] | None = None, o
     )
 
 
+class StaticSite:
+    """A vLLM tree and a vllm-omni tree (installed, unpacked or wheels), with the detections that several drift
+    points read computed once, on first use. Drift points read files through it, never by their own paths."""
+
+    def __init__(self, vllm_tree: SourceTree, omni_tree: SourceTree, versions: dict[str, str | None] | None = None):
+        self.vllm_tree = vllm_tree
+        self.omni_tree = omni_tree
+        self._versions = versions
+        self._environment = None
+        self._import_drift = ...
+
+    @classmethod
+    def installed(cls) -> StaticSite:
+        """The installed environment: versions from distribution metadata, files from where the packages are."""
+        versions = {d: installed_version(d) for d in ("vllm", "vllm-omni", "torch")}
+        return cls(_tree_of("vllm"), _tree_of("vllm_omni"), versions)
+
+    @property
+    def environment(self) -> Environment:
+        if self._environment is None:
+            self._environment = scan_tree(self.vllm_tree, self._versions, omni_tree=self.omni_tree)
+        return self._environment
+
+    @property
+    def import_drift(self):
+        """vllm-omni's imports checked against the vLLM tree (``detect.import_drift``); None without both."""
+        if self._import_drift is ...:
+            from .import_drift import check_import_drift
+
+            self._import_drift = check_import_drift(self.omni_tree, self.vllm_tree)
+        return self._import_drift
+
+    def read_omni_loader(self) -> str | None:
+        return self.omni_tree.read(OMNI_LOADER_FILE)
+
+
 def detect_static() -> Environment:
     """Static detection of the installed environment: versions from distribution metadata, capabilities
     from the installed source files. Imports none of vllm, vllm_omni or torch."""
-    versions = {d: installed_version(d) for d in ("vllm", "vllm-omni", "torch")}
-    return scan_tree(_tree_of("vllm"), versions, omni_tree=_tree_of("vllm_omni"))
+    return StaticSite.installed().environment

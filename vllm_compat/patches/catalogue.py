@@ -1,5 +1,10 @@
-"""The patch catalogue, as data. One entry per drift point; ``tests/patches/test_catalogue.py`` keeps this
-list and the modules in this package in sync (no entry without a module, no module without an entry)."""
+"""The catalogue: every drift point vllm_compat handles, as data, and the only list of them.
+
+Adding a drift point is one module in this package (the interface is in ``vllm_compat.patches``) and one
+entry here; ``tests/patches/test_catalogue.py`` keeps the two in sync (no entry without a module, no module
+without an entry, every module answering the whole interface) and checks that no other file of the package
+names a target.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +13,19 @@ class PatchEntry:
     """One catalogue row. A plain slotted class, not a dataclass: this module is imported by
     ``import vllm_compat``, which must stay nearly free (dataclasses pulls in ``inspect``)."""
 
-    __slots__ = ("id", "module", "target_module", "target", "why", "how", "upstream", "retire_when")
+    __slots__ = ("id", "kind", "module", "target_module", "target", "why", "how", "upstream", "serves",
+                 "retire_when")
 
-    def __init__(self, *, id, module, target_module, target, why, how, upstream, retire_when):
-        self.id = id  # stable name used in reports
-        self.module = module  # the vllm_compat module that implements the patch
-        self.target_module = target_module  # the upstream module whose import triggers the patch
-        self.target = target  # qualified name of the patched attribute inside target_module
+    def __init__(self, *, id, kind, module, target_module, target, why, how, upstream, serves, retire_when):
+        self.id = id  # stable name used in reports and in VLLM_COMPAT_DISABLE_PATCHES
+        self.kind = kind  # "patch" (a method replaced), "stand-in" (a removed name defined), "alias", "adapter"
+        self.module = module  # the vllm_compat module that implements it
+        self.target_module = target_module  # the upstream module whose import triggers it
+        self.target = target  # qualified name of the patched or provided attribute inside target_module
         self.why = why
         self.how = how
-        self.upstream = upstream
+        self.upstream = upstream  # the upstream change that made it necessary (or that fixed it)
+        self.serves = serves  # the vLLM / vllm-omni versions it is for, as measured
         self.retire_when = retire_when
 
     def to_dict(self) -> dict:
@@ -27,24 +35,60 @@ class PatchEntry:
     def target_path(self) -> str:
         return f"{self.target_module}.{self.target}"
 
+    @property
+    def distribution(self) -> str:
+        """The distribution that ships the target module ("vllm-omni" for ``vllm_omni.*``)."""
+        return self.target_module.split(".", 1)[0].replace("_", "-")
 
-DIFFUSERS_LOADER = PatchEntry(
-    id="diffusers_loader_meta_device",
-    module="vllm_compat.patches.diffusers_loader",
-    target_module="vllm_omni.diffusion.model_loader.diffusers_loader",
-    target="DiffusersPipelineLoader._process_weights_after_loading",
-    why=(
-        "vLLM online quantization (uses_meta_device=True) leaves straggler layers on `meta`; vllm-omni <= 0.24.0 "
-        "moves each quant module with module.to(), which raises 'Cannot copy out of meta tensor'. The first "
-        "upstream fix moved params one by one via .data and broke FSDP/HSDP DTensor params."
+    def decision(self, action: str, reason: str, variant: str | None = None):
+        from ..decide import Decision
+
+        return Decision(name=self.id, target=self.target_path, action=action, variant=variant, reason=reason)
+
+
+_OMNI_LOADER = "vllm_omni.diffusion.model_loader.diffusers_loader"
+
+CATALOGUE: tuple[PatchEntry, ...] = (
+    PatchEntry(
+        id="diffusers_loader_meta_device",
+        kind="patch",
+        module="vllm_compat.patches.diffusers_loader",
+        target_module=_OMNI_LOADER,
+        target="DiffusersPipelineLoader._process_weights_after_loading",
+        why=(
+            "vLLM online quantization (uses_meta_device=True) leaves straggler layers on `meta`; vllm-omni <= "
+            "0.24.0 moves each quant module with module.to(), which raises 'Cannot copy out of meta tensor'. The "
+            "first upstream fix moved params one by one via .data and broke FSDP/HSDP DTensor params."
+        ),
+        how=(
+            "Replace the method (wrapt, keeping name, signature and __wrapped__) with the variant the decision "
+            "table picks: legacy (0.24.0 semantics) or meta_safe (vLLM's finalize looked up at call time, skip "
+            "processed layers, never move meta params, module-level moves for DTensor/tensor-subclass params)."
+        ),
+        upstream="vllm-omni 0.26.0 gated fix (meta-safe path only when online quant is in use)",
+        serves="vllm-omni <= 0.24.0 (legacy loader) and the ungated first fix, on vLLM >= 0.17",
+        retire_when="the oldest vllm-omni you support is >= 0.26.0 (its loader classifies as 'gated')",
     ),
-    how=(
-        "Replace the method (wrapt, keeping name, signature and __wrapped__) with the variant the decision "
-        "table picks: legacy (0.24.0 semantics) or meta_safe (finalize where vLLM has it, skip processed "
-        "layers, never move meta params, module-level moves for DTensor/tensor-subclass params)."
+    PatchEntry(
+        id="hsdp_load_order",
+        kind="patch",
+        module="vllm_compat.patches.hsdp_load_order",
+        target_module=_OMNI_LOADER,
+        target="DiffusersPipelineLoader.load_model",
+        why=(
+            "vllm-omni <= 0.24.0 processes weights after HSDP sharding: _load_model_with_hsdp runs "
+            "prepare_fp8_layers_for_fsdp and apply_hsdp_to_model, and load_model calls "
+            "_process_weights_after_loading only afterwards. Quantization applied to FSDP-sharded params never "
+            "reaches the forward (FSDP re-installs the unquantized weight), and sharded meta stragglers cannot "
+            "be finalized: HSDP + quantization is silently unquantized or fails."
+        ),
+        how=(
+            "Wrap load_model: on the HSDP path only, and only for that call, the loader's load_weights is "
+            "followed by _process_weights_after_loading(model, device) (before prepare/shard, as vllm-omni >= "
+            "0.26 does), and load_model's own later call for that same model is skipped once."
+        ),
+        upstream="vllm-omni 0.26.0: _load_model_with_hsdp processes weights before prepare_fp8_layers_for_fsdp",
+        serves="vllm-omni <= 0.24.0 with use_hsdp and a quantization config, on every vLLM",
+        retire_when="the oldest vllm-omni you support is >= 0.26.0 (load order classifies as 'process_before_shard')",
     ),
-    upstream="vllm-omni 0.26.0 gated fix (meta-safe path only when online quant is in use)",
-    retire_when="the oldest vllm-omni you support is >= 0.26.0 (its loader classifies as 'gated')",
 )
-
-CATALOGUE: tuple[PatchEntry, ...] = (DIFFUSERS_LOADER,)

@@ -7,26 +7,53 @@ When: ``legacy`` serves vllm-omni <= 0.24.0 on a vLLM that creates no meta param
 ``meta_safe`` serves the legacy and ungated loaders wherever meta params can appear. A gated loader
 (vllm-omni >= 0.26.0) is left alone unless a variant is forced.
 Retire when: the oldest supported vllm-omni ships the gated loader (0.26.0).
+
+Decision table (facts: ``detect.model.Environment``):
+
+==========================  ==============================  ========================================
+loader shape                meta params possible?           action (variant)
+==========================  ==============================  ========================================
+absent                      -                               pending (the import hook waits for it)
+legacy                      no                              patched (legacy)
+legacy                      yes                             patched (meta_safe)
+ungated                     any                             patched (meta_safe)
+gated                       any                             skipped: already fixed upstream
+unknown                     any                             refused (warning; error under STRICT)
+any present, forced         any                             patched (the forced variant)
+==========================  ==============================  ========================================
+
+"Meta params possible": the installed vLLM's ``QuantizeMethodBase`` has ``uses_meta_device`` or vllm-omni
+ships its own quant classes that set it. Torch and vLLM are imported only by ``resolve_deps`` and ``install``.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-from ..detect.model import LOADER_PARAMS, LoaderShape
+from ..decide import Action, Decision
+from ..detect.model import (
+    FINALIZE_CALL_KEYWORDS,
+    FINALIZE_CALL_POSITIONAL,
+    FINALIZE_MODULE,
+    FINALIZE_NAME,
+    LOADER_PARAMS,
+    Environment,
+    LoaderKind,
+    LoaderShape,
+    accepts_call,
+)
 from ..errors import PatchRefusedError, UnsupportedLayoutError
-from .catalogue import DIFFUSERS_LOADER as ENTRY
+from . import _method
+from .catalogue import CATALOGUE
 
+ENTRY = next(e for e in CATALOGUE if e.module == __name__)
+CLASS_NAME, METHOD_NAME = ENTRY.target.split(".")
 logger = logging.getLogger("vllm_compat")
 
-METHOD_NAME = ENTRY.target.rsplit(".", 1)[-1]
 # Set by vLLM quant methods (and vLLM's layerwise loader) once a layer's weights are processed.
 PROCESSED_FLAG = "_already_called_process_weights_after_loading"
 VARIANTS = ("legacy", "meta_safe")
@@ -34,14 +61,16 @@ VARIANTS = ("legacy", "meta_safe")
 
 @dataclass(frozen=True)
 class LoaderDeps:
-    """What the variants need from the installed vLLM, resolved once when the patch is installed.
+    """What the variants need from the installed vLLM and torch, resolved when the patch is installed.
 
-    ``finalize`` is vLLM's ``finalize_layerwise_processing`` where the installed vLLM has a compatible one,
-    else None (vLLM 0.17/0.18: stragglers cannot be finalized and are processed where they are).
+    ``find_finalize()`` returns the finalize to call, or None (vLLM 0.17/0.18 have none: stragglers cannot be
+    finalized and are processed where they are). In production it looks vLLM's layerwise module up at call
+    time, so a finalize replaced there later (a test's stub, another plugin's wrapper) is the one called.
     """
 
     quant_method_base: type
-    finalize: Callable[..., Any] | None
+    find_finalize: Callable[[], Callable[..., Any] | None]
+    is_tensor_subclass: Callable[[Any], bool]
 
 
 def _quant_modules(model, quant_method_base: type):
@@ -51,19 +80,19 @@ def _quant_modules(model, quant_method_base: type):
             yield module, quant_method
 
 
-def _process_with_module_move(module, quant_method, target_device, *, meta_safe: bool = False) -> None:
+def _process_with_module_move(module, quant_method, target_device, *, meta_safe_deps: LoaderDeps | None = None) -> None:
     """vllm-omni 0.24.0's per-module step: move the whole module (``module.to`` swaps DTensor params in place,
     which FSDP/HSDP survive), process, move it back. Moves back on error too, so a failing quant method
     leaves no module on the target device.
 
-    ``meta_safe``: a module that holds a meta param although no quant method declared ``uses_meta_device`` takes
+    ``meta_safe_deps`` (meta_safe only): a module that holds a meta param although no quant method declared ``uses_meta_device`` takes
     the meta-safe step instead, where a move is needed (``module.to`` cannot copy a meta param). Checked only
     then: where no move is needed both steps are the same call, and the offline path keeps in-tree's cost."""
     first_param = next(module.parameters(), None)
     module_device = first_param.device if first_param is not None else None
     needs_device_move = module_device != target_device
-    if needs_device_move and meta_safe and _has_meta_param(module):
-        _process_without_moving_meta(module, quant_method, target_device)
+    if needs_device_move and meta_safe_deps is not None and _has_meta_param(module):
+        _process_without_moving_meta(module, quant_method, target_device, meta_safe_deps)
         return
     if needs_device_move:
         module.to(target_device)
@@ -90,10 +119,10 @@ def _process_with_param_moves(module, quant_method, target_device) -> None:
                 param.data = param.data.to(original_devices[name])
 
 
-def _holds_tensor_subclass(module) -> bool:
+def _holds_tensor_subclass(module, deps: LoaderDeps) -> bool:
     # DTensor (FSDP/HSDP) and other wrapper subclasses: `.data =` across devices is lost or crashes later.
     # The same test torch's Module._apply uses to swap such params in place instead of assigning `.data`.
-    return any(is_traceable_wrapper_subclass(param) for param in module.parameters())
+    return any(deps.is_tensor_subclass(param) for param in module.parameters())
 
 
 def _has_meta_param(module) -> bool:
@@ -119,21 +148,21 @@ def _process_sharded_module(module, quant_method, target_device) -> None:
     quant_method.process_weights_after_loading(module)
 
 
-def _process_without_moving_meta(module, quant_method, target_device) -> None:
+def _process_without_moving_meta(module, quant_method, target_device, deps: LoaderDeps) -> None:
     """The meta-safe step: per-param moves for plain tensors, whole-module moves (or a clear refusal) for
     tensor-subclass (DTensor) params, whose ``.data`` cannot be re-pointed across devices."""
-    if _holds_tensor_subclass(module):
+    if _holds_tensor_subclass(module, deps):
         _process_sharded_module(module, quant_method, target_device)
     else:
         _process_with_param_moves(module, quant_method, target_device)
 
 
-def _refuse_sharded_stragglers(model, cause: BaseException) -> None:
+def _refuse_sharded_stragglers(model, cause: BaseException, deps: LoaderDeps) -> None:
     """vLLM's finalize cannot materialize a meta param that FSDP has already sharded (it fails deep inside with
     "__class__ assignment: 'DTensor' object layout differs from 'Tensor'"): when that is why ``cause`` was raised,
     say what and where instead (the original error stays chained)."""
     sharded_meta = [
-        name for name, param in model.named_parameters() if param.is_meta and is_traceable_wrapper_subclass(param)
+        name for name, param in model.named_parameters() if param.is_meta and deps.is_tensor_subclass(param)
     ]
     if sharded_meta:
         raise UnsupportedLayoutError(
@@ -178,40 +207,68 @@ def process_meta_safe(loader, model, target_device, *, deps: LoaderDeps, **loade
     left on meta are named in a warning.
     """
     online = uses_online_quant(model)
-    if online and deps.finalize is not None:
+    finalize = deps.find_finalize() if online else None
+    if finalize is not None:
         try:
-            # model_config is only read for vLLM Attention layers, which diffusion models do not have.
-            deps.finalize(model, None)
+            # As the in-tree fix calls it. model_config is only read for vLLM Attention layers, which diffusion
+            # models do not have.
+            finalize(model, model_config=None)
         except Exception as exc:
             # Explain the one failure we know (sharded stragglers) only once it happened: no extra pass on the
             # happy path.
-            _refuse_sharded_stragglers(model, exc)
+            _refuse_sharded_stragglers(model, exc, deps)
             raise
     # Walked lazily, as the in-tree method does: no list, so time and peak memory stay its own.
     for module, quant_method in _quant_modules(model, deps.quant_method_base):
         if getattr(module, PROCESSED_FLAG, False):
             continue
         if online:
-            _process_without_moving_meta(module, quant_method, target_device)
+            _process_without_moving_meta(module, quant_method, target_device, deps)
         else:
-            _process_with_module_move(module, quant_method, target_device, meta_safe=True)
-    if online and deps.finalize is None:
+            _process_with_module_move(module, quant_method, target_device, meta_safe_deps=deps)
+    if online and finalize is None:
         _warn_meta_leftovers(model)
 
 
 VARIANT_FUNCTIONS = {"legacy": process_legacy, "meta_safe": process_meta_safe}
 
 
-def resolve_deps(finalize_compatible: bool) -> LoaderDeps:
-    """Import what the variants call from the installed vLLM (already imported by vllm-omni's loader)."""
+def _layerwise_finalize_finder(layerwise) -> Callable[[], Callable[..., Any] | None]:
+    """A ``find_finalize`` reading ``layerwise.finalize_layerwise_processing`` at each call; the acceptance check
+    (does it take ``(model, model_config=None)``?) is redone only when the object there changes."""
+    from ..detect.runtime import live_params
+
+    checked: list = [None, None]  # [the finalize object last checked, whether it accepts the call]
+
+    def find_finalize():
+        finalize = getattr(layerwise, FINALIZE_NAME, None)
+        if finalize is None or not callable(finalize):
+            return None
+        if checked[0] is not finalize:
+            ok = accepts_call(live_params(finalize), FINALIZE_CALL_POSITIONAL, FINALIZE_CALL_KEYWORDS)
+            checked[:] = [finalize, ok]
+        return finalize if checked[1] else None
+
+    return find_finalize
+
+
+def resolve_deps() -> LoaderDeps:
+    """Import what the variants call from the installed vLLM and torch (already imported by vllm-omni's
+    loader). vLLM without a layerwise module (< 0.16) gets a finder that always answers None."""
+    import importlib
+
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
     from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 
-    finalize = None
-    if finalize_compatible:
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_processing
-
-        finalize = finalize_layerwise_processing
-    return LoaderDeps(quant_method_base=QuantizeMethodBase, finalize=finalize)
+    try:
+        layerwise = importlib.import_module(FINALIZE_MODULE)
+    except ImportError:
+        layerwise = None
+    return LoaderDeps(
+        quant_method_base=QuantizeMethodBase,
+        find_finalize=_layerwise_finalize_finder(layerwise),
+        is_tensor_subclass=is_traceable_wrapper_subclass,
+    )
 
 
 def check_contract(original: Callable, shape: LoaderShape) -> None:
@@ -230,48 +287,24 @@ def check_contract(original: Callable, shape: LoaderShape) -> None:
         raise PatchRefusedError(
             f"{ENTRY.target_path} has signature {inspect.signature(original)}; expected "
             f"({', '.join(LOADER_PARAMS)}[, extras with defaults]) (shape: {shape.kind}, {shape.detail}). "
-            f"It was left unpatched; set VLLM_COMPAT_DISABLE=1 to silence this, or upgrade vllm_compat."
+            f"It was left unpatched; set VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} to silence this, or upgrade "
+            f"vllm_compat."
         )
-
-
-@functools.cache
-def _wrapper_type():
-    import wrapt  # imported here, not on `import vllm_compat`: it costs tens of milliseconds
-
-    class LoaderPatch(wrapt.FunctionWrapper):
-        """Our wrapper. Class attributes (never instance ones: wrapt forwards those to the wrapped function)
-        mark it as ours."""
-
-        _vllm_compat_installed = True
-
-        @property
-        def _vllm_compat_variant(self) -> str:
-            return self._self_variant
-
-    return LoaderPatch
 
 
 def installed_variant(loader_class: type) -> str | None:
     """The variant we installed on ``loader_class`` itself (not inherited), or None."""
-    current = vars(loader_class).get(METHOD_NAME)
-    return current._vllm_compat_variant if getattr(current, "_vllm_compat_installed", False) else None
+    return _method.installed_variant(loader_class, METHOD_NAME)
 
 
-def install(loader_class: type, variant: str, deps: LoaderDeps) -> bool:
-    """Install ``variant`` on ``loader_class``; returns False when exactly that variant is already there.
+def install_variant(loader_class: type, variant: str, deps: LoaderDeps) -> bool:
+    """Replace ``loader_class``'s method with ``variant``; False when that variant is already installed.
 
-    The caller holds the activation lock. The installed method keeps the original's name, docstring and
-    signature (wrapt), exposes it as ``__wrapped__``, and accepts the extra keyword arguments newer vllm-omni
-    versions pass (they are forwarded to the variant, which ignores the ones it does not know).
+    Extra arguments (optional parameters newer vllm-omni versions add) are bound against the original's
+    signature and forwarded to the variant, which ignores the ones it does not know.
     """
-    current = installed_variant(loader_class)
-    if current == variant:
-        return False
-    if current is not None:
-        uninstall(loader_class)
-    original = vars(loader_class)[METHOD_NAME]
     implementation = VARIANT_FUNCTIONS[variant]
-    signature = inspect.signature(original)
+    signature = inspect.signature(vars(loader_class)[METHOD_NAME])
 
     def call_variant(wrapped, instance, args, kwargs):
         if instance is not None and len(args) == 2 and not kwargs:
@@ -284,16 +317,74 @@ def install(loader_class: type, variant: str, deps: LoaderDeps) -> bool:
         target_device = arguments.pop("target_device")
         return implementation(instance, model, target_device, deps=deps, **arguments)
 
-    patch = _wrapper_type()(original, call_variant)
-    patch._self_variant = variant
-    setattr(loader_class, METHOD_NAME, patch)
-    return True
+    return _method.install(loader_class, METHOD_NAME, variant, call_variant)
 
 
-def uninstall(loader_class: type) -> bool:
-    """Put back the exact original function object; False when nothing of ours was installed."""
-    current = vars(loader_class).get(METHOD_NAME)
-    if not getattr(current, "_vllm_compat_installed", False):
-        return False
-    setattr(loader_class, METHOD_NAME, current.__wrapped__)
-    return True
+# ---- the drift-point interface (vllm_compat.patches) ----
+
+def detect_static(site) -> Environment:
+    return site.environment
+
+
+def detect_runtime(module) -> Environment:
+    from ..detect.runtime import detect_runtime as detect
+
+    return detect(module)
+
+
+def decide(env: Environment, controls) -> Decision:
+    """The decision table above; each path says why in ``reason``."""
+    kind = env.loader.kind
+    if kind == LoaderKind.ABSENT:
+        return ENTRY.decision(Action.PENDING, f"{env.loader.detail}; patched when it is imported")
+    if controls.is_forced:
+        return ENTRY.decision(Action.PATCHED, f"VLLM_COMPAT_LOADER_VARIANT={controls.loader_variant} forces it "
+                              f"over the {kind} loader", controls.loader_variant)
+    if kind == LoaderKind.GATED:
+        return ENTRY.decision(Action.SKIPPED, "vllm-omni's loader already has the gated meta-safe fix")
+    if kind == LoaderKind.UNKNOWN:
+        return ENTRY.decision(
+            Action.REFUSED,
+            f"loader shape not recognized ({env.loader.detail}); left unpatched. Set "
+            f"VLLM_COMPAT_LOADER_VARIANT=meta_safe to force the patch if you have checked it",
+        )
+    if kind == LoaderKind.UNGATED:
+        return ENTRY.decision(Action.PATCHED, "ungated loader breaks FSDP/HSDP-sharded params; meta-safe keeps "
+                              "them", "meta_safe")
+    if env.can_create_meta_params:
+        source = "vLLM (uses_meta_device)" if env.vllm.has_uses_meta_device else "vllm-omni's own quant methods"
+        return ENTRY.decision(Action.PATCHED, f"legacy loader, and {source} can leave params on meta; module.to() "
+                              "would crash on them", "meta_safe")
+    return ENTRY.decision(Action.PATCHED, "legacy loader, and no installed quant method creates meta params",
+                          "legacy")
+
+
+def locate(module):
+    return _method.method_owner(module, CLASS_NAME, METHOD_NAME)
+
+
+def prepare(owner, env: Environment) -> LoaderDeps:
+    check_contract(in_place(owner), env.loader)
+    return resolve_deps()
+
+
+def install(owner, decision: Decision, deps: LoaderDeps) -> bool:
+    return install_variant(owner, decision.variant, deps)
+
+
+def uninstall(owner) -> bool:
+    return _method.uninstall(owner, METHOD_NAME)
+
+
+def in_place(owner):
+    return _method.in_place(owner, METHOD_NAME)
+
+
+def compare(static: Environment, runtime: Environment) -> list[str]:
+    from ..detect.model import compare_environments
+
+    return compare_environments(static, runtime)
+
+
+def facts_dict(env: Environment) -> dict:
+    return {"loader": env.loader.to_dict(), "level": env.vllm.level}

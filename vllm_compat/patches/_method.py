@@ -1,0 +1,77 @@
+"""Replacing a method on a class, the way every method patch in the catalogue does it.
+
+The replacement is a ``wrapt.FunctionWrapper`` subclass, so ``__wrapped__``, binding, ``__name__``, the docstring
+and ``inspect.signature`` stay the original's; class attributes (never instance ones: wrapt forwards those to
+the wrapped function) mark it as ours and name the variant. ``uninstall`` puts back the exact original object.
+"""
+
+from __future__ import annotations
+
+import functools
+
+
+def method_owner(module, class_name: str, method_name: str):
+    """The class that defines ``method_name`` for ``module.class_name``: the class itself, or, where the module's
+    class was replaced by a subclass that inherits the method, the base that defines it. None without a class."""
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        return None
+    return next((klass for klass in cls.__mro__ if method_name in vars(klass)), cls)
+
+
+def is_ours(func) -> bool:
+    return getattr(func, "_vllm_compat_installed", False)
+
+
+def unwrap_ours(func):
+    """``func`` without our wrappers (never anyone else's)."""
+    while is_ours(func):
+        func = func.__wrapped__
+    return func
+
+
+def in_place(owner, method_name: str):
+    return vars(owner).get(method_name) if owner is not None else None
+
+
+def installed_variant(owner, method_name: str) -> str | None:
+    """The variant we installed on ``owner`` itself (not inherited), or None."""
+    current = in_place(owner, method_name)
+    return current._vllm_compat_variant if is_ours(current) else None
+
+
+@functools.cache
+def _wrapper_type():
+    import wrapt  # imported here, not on `import vllm_compat`: it costs tens of milliseconds
+
+    class MethodPatch(wrapt.FunctionWrapper):
+        _vllm_compat_installed = True
+
+        @property
+        def _vllm_compat_variant(self) -> str:
+            return self._self_variant
+
+    return MethodPatch
+
+
+def install(owner: type, method_name: str, variant: str, call) -> bool:
+    """Wrap ``owner.method_name`` with ``call(wrapped, instance, args, kwargs)``, replacing a wrapper of ours with
+    another variant. Returns False when the same variant is already installed (a no-op)."""
+    current = installed_variant(owner, method_name)
+    if current == variant:
+        return False
+    if current is not None:
+        uninstall(owner, method_name)
+    patch = _wrapper_type()(vars(owner)[method_name], call)
+    patch._self_variant = variant
+    setattr(owner, method_name, patch)
+    return True
+
+
+def uninstall(owner: type, method_name: str) -> bool:
+    """Put back the exact original function object; False when nothing of ours was installed."""
+    current = in_place(owner, method_name)
+    if not is_ours(current):
+        return False
+    setattr(owner, method_name, current.__wrapped__)
+    return True
