@@ -1,0 +1,283 @@
+"""``vllm-compat check`` on REAL release wheels, fetched by the check itself (``pip download --no-deps``).
+
+Wheels go to VLLM_COMPAT_WHEEL_CACHE when set (nox sets one for every cell, shared with tests/test_scan.py, so
+each wheel is downloaded once per run), else to a session temporary directory deleted afterwards. Every cell
+runs the cheap tests: the errors (a wrong version, a file that is not a vLLM wheel, an unreachable index), the
+cache, and one real pair (vLLM 0.31.0, the wheel test_scan.py downloads anyway, with vllm-omni 0.24.0). The
+sweep over every vLLM 0.24-0.33 x vllm-omni 0.24.0 / 0.30.0 cell of matrix/vllm.toml (ten ~300 MB vLLM wheels)
+runs in one place only: outside nox, or in the first default nox cell (``SWEEP_CELL``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import OMNI_VERSION, run_python
+from vllm_compat.cli import main
+from vllm_compat.detect import wheels
+from vllm_compat.detect.wheels import CACHE_VAR, WheelError, cached_wheel, fetch_wheel
+
+tomllib = pytest.importorskip("tomllib", reason="reading matrix/vllm.toml needs Python >= 3.11 (tomllib)")
+
+ROOT = Path(__file__).resolve().parent.parent
+CELLS = tomllib.loads((ROOT / "matrix" / "vllm.toml").read_text())["cell"]
+SWEEP_CELL = next(c["id"] for c in CELLS if c.get("default"))
+SWEEP = [c for c in CELLS if c.get("vllm_omni") and (0, 24) <= tuple(map(int, c["vllm"].split(".")[:2])) <= (0, 33)]
+LOADER_ENTRY = "diffusers_loader_meta_device"
+ROUTED = "vllm.v1.outputs.RoutedExpertsLists"
+# Beyond `import vllm_omni`, the check follows the diffusion worker's imports; the matrix's `unresolved` covers the
+# package import only. Where the worker adds a missing name to a cell whose package imports, it is listed here,
+# measured by importing vllm_omni.diffusion.worker.diffusion_worker in a real env of the cell (vLLM 0.30.0 + vllm-omni
+# 0.24.0: "ModuleNotFoundError: No module named 'vllm.inputs.preprocess'"; vLLM 0.26.0 + 0.24.0 imports it).
+WORKER_ONLY = {"v0.29-omni0.24": ["vllm.inputs.preprocess"], "v0.30-omni0.24": ["vllm.inputs.preprocess"]}
+
+sweep_here = pytest.mark.skipif(
+    os.environ.get("VLLM_COMPAT_CELL") not in (None, SWEEP_CELL),
+    reason=f"the 0.24-0.33 sweep downloads ten vLLM wheels: it runs in nox cell {SWEEP_CELL} only",
+)
+
+
+@pytest.fixture(scope="session")
+def wheel_cache(tmp_path_factory):
+    """The check's wheel cache for this run (VLLM_COMPAT_WHEEL_CACHE, or a temporary one removed afterwards)."""
+    shared = os.environ.get(CACHE_VAR)
+    directory = Path(shared) if shared else tmp_path_factory.mktemp("check-wheels")
+    saved = os.environ.get(CACHE_VAR)
+    os.environ[CACHE_VAR] = str(directory)
+    try:
+        yield directory
+    finally:
+        if saved is None:
+            os.environ.pop(CACHE_VAR, None)
+        if not shared:
+            import shutil
+
+            shutil.rmtree(directory, ignore_errors=True)  # up to ~3 GB: never left in pytest's kept tmp dirs
+
+
+def _fetch(distribution: str, version: str) -> Path:
+    try:
+        return fetch_wheel(distribution, version)[0]
+    except WheelError as exc:
+        if exc.kind in ("no_network", "no_wheel", "no_pip"):
+            pytest.skip(f"cannot fetch {distribution}=={version}: {exc}")
+        raise
+
+
+def _check(capsys, *args) -> tuple[int, dict]:
+    code = main(["check", "--json", *map(str, args)])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def _decision(data: dict, name: str = LOADER_ENTRY) -> dict:
+    return next(p for p in data["patches"] if p["name"] == name)
+
+
+# ------------------------------------------------------------------------------------------- the sweep
+
+
+@sweep_here
+@pytest.mark.parametrize("cell", SWEEP, ids=[c["id"] for c in SWEEP])
+def test_check_agrees_with_the_matrix_cell(capsys, wheel_cache, cell):
+    _fetch("vllm", cell["vllm"])  # a skip, not a usage error, when the index is unreachable
+    code, data = _check(capsys, f"vllm=={cell['vllm']}", f"vllm-omni=={cell['vllm_omni']}")
+    expect = cell["expect"]
+    assert data["inputs"]["vllm"]["version"] == cell["vllm"] and data["inputs"]["vllm"]["source"] == "cache"
+    assert data["vllm"]["level"] == expect["level"] and data["vllm_omni"]["loader_kind"] == expect["loader"]
+    decision = _decision(data)
+    assert (decision["action"], decision["variant"]) == (expect["action"], expect.get("variant"))
+    blocking = data["still_blocking"]
+    assert [b["target"] for b in blocking["import"]] == sorted(cell["unresolved"])
+    if not cell["unresolved"]:
+        assert [b["target"] for b in blocking["diffusion_worker"]] == WORKER_ONLY.get(cell["id"], [])
+    if cell["unresolved"] or WORKER_ONLY.get(cell["id"]):
+        kind = "will_not_start"
+    else:
+        kind = "works_with_vllm_compat" if expect["action"] == "patched" else "works_natively"
+    assert data["verdict"]["kind"] == kind and code == data["exit_code"] == (1 if kind == "will_not_start" else 0)
+
+
+@sweep_here
+def test_newest_vllm_against_a_given_vllm_omni(capsys, wheel_cache):
+    omni = _fetch("vllm-omni", "0.24.0")
+    try:
+        newest = wheels.newest_version("vllm")
+    except WheelError as exc:
+        pytest.skip(f"the index cannot name the newest vLLM: {exc}")
+    _fetch("vllm", newest)
+    code, data = _check(capsys, "--newest", omni)
+    assert data["inputs"]["vllm"]["version"] == newest and data["vllm_omni"]["version"] == "0.24.0"
+    assert code == data["exit_code"] in (0, 1) and data["verdict"]["kind"]
+
+
+# ------------------------------------------------------------------------------- one real pair, every cell
+
+
+def test_screen_and_json_for_vllm_031_with_vllm_omni_024(capsys, wheel_cache):
+    _fetch("vllm", "0.31.0")
+    _fetch("vllm-omni", "0.24.0")
+    assert main(["check", "vllm==0.31.0", "vllm-omni==0.24.0"]) == 1
+    screen = capsys.readouterr().out
+    assert "level: meta_device_with_finalize" in screen and "loader: legacy" in screen
+    assert f"still stops import vllm_omni: {ROUTED} (in vllm_omni.core.sched.utils:" in screen
+    assert "verdict: WILL NOT START: `import vllm_omni` fails" in screen and "(cached)" in screen
+    code, data = _check(capsys, "vllm==0.31", "vllm_omni==0.24.0")  # "0.31" == "0.31.0", as pip's "==" says
+    assert code == 1 and data["verdict"]["kind"] == "will_not_start"
+    assert data["import_drift"]["blocking_names"] == [ROUTED] and data["diffusion_worker"]["found"]
+    assert {p["name"] for p in data["patches"]} >= {LOADER_ENTRY}  # every catalogue entry, decided
+    assert _decision(data)["action"] == "patched"
+
+
+def test_wheel_paths_work_offline_and_without_pip(capsys, wheel_cache, monkeypatch):
+    vllm_wheel, omni_wheel = _fetch("vllm", "0.31.0"), _fetch("vllm-omni", "0.30.0")
+
+    def no_pip():
+        raise AssertionError("a cached wheel or a path must not call pip")
+
+    monkeypatch.setattr(wheels, "pip_command", no_pip)
+    code, by_path = _check(capsys, vllm_wheel, omni_wheel)
+    code_cached, by_name = _check(capsys, "vllm==0.31.0", "vllm-omni==0.30.0")
+    assert code == code_cached == 1
+    assert by_path["inputs"]["vllm"]["source"] == "path" and by_name["inputs"]["vllm"]["source"] == "cache"
+    for key in ("vllm", "vllm_omni", "patches", "import_drift", "still_blocking", "verdict"):
+        assert by_path[key] == by_name[key], key
+
+
+def test_installed_vllm_omni_is_the_default(capsys, wheel_cache):
+    _fetch("vllm", "0.31.0")
+    code = main(["check", "--json", "vllm==0.31.0"])
+    captured = capsys.readouterr()
+    if OMNI_VERSION is None:
+        assert code == 2 and "no vllm-omni is installed here" in captured.err
+        return
+    data = json.loads(captured.out)
+    assert data["inputs"]["vllm_omni"]["source"] == "installed" and data["vllm_omni"]["version"] == OMNI_VERSION
+
+
+def test_the_check_imports_no_vllm_vllm_omni_or_torch(wheel_cache):
+    vllm_wheel, omni_wheel = _fetch("vllm", "0.31.0"), _fetch("vllm-omni", "0.24.0")
+    result = run_python(
+        f"""
+        import sys
+        from vllm_compat.cli import main
+        code = main(["check", "--json", {str(vllm_wheel)!r}, {str(omni_wheel)!r}])
+        heavy = sorted(m for m in sys.modules if m.split('.')[0] in ("torch", "vllm", "vllm_omni"))
+        print("HEAVY", heavy, code, file=sys.stderr)
+        """
+    )
+    assert "HEAVY [] 1" in result.stderr, result.stderr[-2000:]
+    assert json.loads(result.stdout)["verdict"]["kind"] == "will_not_start"
+
+
+# ------------------------------------------------------------------------------------------ the cache
+
+
+def test_cached_wheel_matches_versions_as_pip_does(tmp_path):
+    for name in ("vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl", "vllm_omni-0.24.0-py3-none-any.whl",
+                 "vllm-0.25.1-cp38-abi3-manylinux_2_28_x86_64.whl", "not-a-wheel.whl"):
+        (tmp_path / name).write_bytes(b"")
+    assert cached_wheel("vllm", "0.25", tmp_path).name.startswith("vllm-0.25.0-")
+    assert cached_wheel("vllm", "0.25.1", tmp_path).name.startswith("vllm-0.25.1-")
+    assert cached_wheel("vllm", "0.24.0", tmp_path) is None  # vllm_omni-0.24.0 is another distribution
+    assert cached_wheel("vllm-omni", "0.24.0", tmp_path).name.startswith("vllm_omni-")
+    assert cached_wheel("vllm", "0.25", tmp_path / "missing") is None
+
+
+def test_cache_location(monkeypatch, tmp_path):
+    env = {"HOME": str(tmp_path)}
+    assert wheels.cache_dir({**env, CACHE_VAR: "/x/wheels"}) == Path("/x/wheels")
+    assert wheels.cache_dir({**env, "XDG_CACHE_HOME": "/xdg"}) == Path("/xdg/vllm-compat/wheels")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert wheels.cache_dir({}) == tmp_path / ".cache" / "vllm-compat" / "wheels"
+
+
+def test_concurrent_fetches_leave_one_whole_wheel(tmp_path, wheel_cache):
+    if cached_wheel("vllm-omni", "0.24.0", wheel_cache) is None:
+        _fetch("vllm-omni", "0.24.0")  # skips when offline
+    results, errors = [], []
+
+    def fetch():
+        try:
+            results.append(fetch_wheel("vllm-omni", "0.24.0", tmp_path))
+        except Exception as exc:  # noqa: BLE001 - reported by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fetch) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(results) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["vllm_omni-0.24.0-py3-none-any.whl"]  # no .partial-* left
+    assert zipfile.ZipFile(results[0][0]).testzip() is None
+    assert fetch_wheel("vllm-omni", "0.24.0", tmp_path)[1] is True  # now from the cache
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+def _fake_tree(root: Path, package: str) -> Path:
+    (root / package).mkdir(parents=True)
+    (root / package / "__init__.py").write_text("")
+    return root
+
+
+def test_a_version_that_does_not_exist_lists_the_nearest(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_VAR, str(tmp_path / "cache"))
+    omni = _fake_tree(tmp_path / "omni", "vllm_omni")  # no download beyond the failing one
+    code = main(["check", "vllm==0.24.7", str(omni)])
+    err = capsys.readouterr().err
+    if "Could not reach the package index" in err or "lists no wheel" in err:
+        pytest.skip(f"index unreachable: {err.strip().splitlines()[-1]}")
+    assert code == 2
+    assert "vllm 0.24.7 does not exist on the index" in err and "nearest versions:" in err
+    assert "0.24.0" in err.split("nearest versions:")[1]
+    assert not list((tmp_path / "cache").glob("*"))  # the failed download left nothing behind
+
+
+def test_an_unreachable_index_says_so(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_VAR, str(tmp_path / "cache"))
+    for name, value in {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+                        "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "", "PIP_RETRIES": "1",
+                        "PIP_DEFAULT_TIMEOUT": "5"}.items():
+        monkeypatch.setenv(name, value)
+    omni = _fake_tree(tmp_path / "omni", "vllm_omni")
+    code = main(["check", "vllm==0.24.0", str(omni)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Could not reach the package index" in err and "pass wheel files" in err
+    code = main(["check", "--json", "--newest", str(omni)])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 2 and data["error"]["kind"] == "no_network"
+
+
+def test_files_that_are_not_vllm_wheels(capsys, tmp_path):
+    other = tmp_path / "requests-2.0.0-py3-none-any.whl"
+    with zipfile.ZipFile(other, "w") as zf:
+        zf.writestr("requests/__init__.py", "")
+    text = tmp_path / "vllm-0.30.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    text.write_text("not a zip")
+    omni = _fake_tree(tmp_path / "omni", "vllm_omni")
+    assert main(["check", str(other), str(omni)]) == 2
+    assert "holds neither vLLM" in capsys.readouterr().err
+    assert main(["check", str(text), str(omni)]) == 2
+    assert "is not a wheel" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "name the vLLM to check"),
+    (["vllm>=0.30"], "is not one of vllm==VERSION"),
+    (["torch==2.13.0"], "is not one of vllm==VERSION"),
+    (["vllm=="], "names no version"),
+    (["vllm==0.30.0", "vllm==0.31.0"], "2 vllm inputs given"),
+    (["/nonexistent/vllm.whl"], "does not exist"),
+])
+def test_usage_errors_exit_2_before_any_download(capsys, monkeypatch, args, message):
+    monkeypatch.setattr(wheels, "pip_command", lambda: pytest.fail("a usage error must not reach pip"))
+    assert main(["check", *args]) == 2
+    assert message in capsys.readouterr().err
