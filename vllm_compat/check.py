@@ -146,7 +146,21 @@ def resolve_inputs(specs: list[str], newest: bool = False) -> tuple[CheckInput, 
 # ----------------------------------------------------------------------------------- the worker's imports
 
 
-def _module_file(tree: SourceTree, module: str, cache: dict) -> str | None:
+class _ReadOnce:
+    """A tree whose files are read (and unzipped) once: the walk below asks whether a module exists, then
+    reads its imports."""
+
+    def __init__(self, tree: SourceTree):
+        self.tree = tree
+        self._texts: dict[str, str | None] = {}
+
+    def read(self, relpath: str) -> str | None:
+        if relpath not in self._texts:
+            self._texts[relpath] = self.tree.read(relpath)
+        return self._texts[relpath]
+
+
+def _module_file(tree: _ReadOnce, module: str, cache: dict) -> str | None:
     if module not in cache:
         path = module.replace(".", "/")
         cache[module] = next((rel for rel in (f"{path}.py", f"{path}/__init__.py") if tree.read(rel) is not None),
@@ -160,6 +174,7 @@ def modules_reached(tree: SourceTree, root: str, plugin: str = "vllm_omni") -> s
     is not in the tree."""
     from .detect.import_drift import plugin_imports
 
+    tree = _ReadOnce(tree)  # plugin_imports() only reads files
     files: dict = {}
     if _module_file(tree, root, files) is None:
         return None
