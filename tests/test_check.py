@@ -32,10 +32,17 @@ SWEEP = [c for c in CELLS if c.get("vllm_omni") and (0, 24) <= tuple(map(int, c[
 LOADER_ENTRY = "diffusers_loader_meta_device"
 ROUTED = "vllm.v1.outputs.RoutedExpertsLists"
 # Beyond `import vllm_omni`, the check follows the diffusion worker's imports; the matrix's `unresolved` covers the
-# package import only. Where the worker adds a missing name to a cell whose package imports, it is listed here,
-# measured by importing vllm_omni.diffusion.worker.diffusion_worker in a real env of the cell (vLLM 0.30.0 + vllm-omni
-# 0.24.0: "ModuleNotFoundError: No module named 'vllm.inputs.preprocess'"; vLLM 0.26.0 + 0.24.0 imports it).
-WORKER_ONLY = {"v0.29-omni0.24": ["vllm.inputs.preprocess"], "v0.30-omni0.24": ["vllm.inputs.preprocess"]}
+# package import only. The names only the worker reaches, per cell (static check of the real wheels; the first two
+# confirmed by importing vllm_omni.diffusion.worker.diffusion_worker in a real env: on vLLM 0.30.0 + vllm-omni 0.24.0
+# "ModuleNotFoundError: No module named 'vllm.inputs.preprocess'", while on 0.26.0 + 0.24.0 it imports).
+_PREPROCESS = ["vllm.inputs.preprocess"]
+_KV_LAYOUT = ["vllm.v1.kv_cache_interface.compute_layout_strides", "vllm.v1.kv_cache_layout"]
+WORKER_ONLY = {
+    "v0.29-omni0.24": _PREPROCESS, "v0.30-omni0.24": _PREPROCESS, "v0.31-omni0.24": _PREPROCESS,
+    "v0.32-omni0.24": _PREPROCESS, "v0.33-omni0.24": _PREPROCESS,
+    **{f"v0.{minor}-omni0.30": _KV_LAYOUT for minor in range(24, 29)},
+    "v0.31-omni0.30": ["vllm.multimodal.processing.processor.MultiModalProcessingInfo"],
+}
 
 sweep_here = pytest.mark.skipif(
     os.environ.get("VLLM_COMPAT_CELL") not in (None, SWEEP_CELL),
@@ -92,14 +99,21 @@ def test_check_agrees_with_the_matrix_cell(capsys, wheel_cache, cell):
     assert data["vllm"]["level"] == expect["level"] and data["vllm_omni"]["loader_kind"] == expect["loader"]
     decision = _decision(data)
     assert (decision["action"], decision["variant"]) == (expect["action"], expect.get("variant"))
-    blocking = data["still_blocking"]
-    assert [b["target"] for b in blocking["import"]] == sorted(cell["unresolved"])
-    if not cell["unresolved"]:
-        assert [b["target"] for b in blocking["diffusion_worker"]] == WORKER_ONLY.get(cell["id"], [])
-    if cell["unresolved"] or WORKER_ONLY.get(cell["id"]):
+    # What the matrix measures: the names `import vllm_omni` reaches that this vLLM lacks (before any bridge).
+    assert data["import_drift"]["blocking_names"] == sorted(cell["unresolved"])
+    bridged = set(data["bridged"])
+    if "bridged" in cell:
+        assert sorted(bridged) == sorted(cell["bridged"])
+    still_import = [n for n in sorted(cell["unresolved"]) if n not in bridged]
+    still_worker = [n for n in WORKER_ONLY.get(cell["id"], []) if n not in bridged]
+    assert [b["target"] for b in data["still_blocking"]["import"]] == still_import
+    assert [b["target"] for b in data["still_blocking"]["diffusion_worker"]] == still_worker
+    if still_import or still_worker:
         kind = "will_not_start"
+    elif expect["action"] == "patched" or bridged:
+        kind = "works_with_vllm_compat"
     else:
-        kind = "works_with_vllm_compat" if expect["action"] == "patched" else "works_natively"
+        kind = "works_natively"
     assert data["verdict"]["kind"] == kind and code == data["exit_code"] == (1 if kind == "will_not_start" else 0)
 
 
@@ -125,11 +139,16 @@ def test_screen_and_json_for_vllm_031_with_vllm_omni_024(capsys, wheel_cache):
     assert main(["check", "vllm==0.31.0", "vllm-omni==0.24.0"]) == 1
     screen = capsys.readouterr().out
     assert "level: meta_device_with_finalize" in screen and "loader: legacy" in screen
-    assert f"still stops import vllm_omni: {ROUTED} (in vllm_omni.core.sched.utils:" in screen
-    assert "verdict: WILL NOT START: `import vllm_omni` fails" in screen and "(cached)" in screen
+    assert "verdict: WILL NOT START: " in screen and "(cached)" in screen
+    # RoutedExpertsLists stops `import vllm_omni` unless a bridge provides it; the worker's vllm.inputs.preprocess
+    # stops the diffusion worker either way.
+    assert f"still stops import vllm_omni: {ROUTED} (in vllm_omni.core.sched.utils:" in screen or "1 bridged" in screen
+    assert "still stops diffusion worker: vllm.inputs.preprocess (in vllm_omni.inputs.preprocess:5)" in screen
     code, data = _check(capsys, "vllm==0.31", "vllm_omni==0.24.0")  # "0.31" == "0.31.0", as pip's "==" says
     assert code == 1 and data["verdict"]["kind"] == "will_not_start"
     assert data["import_drift"]["blocking_names"] == [ROUTED] and data["diffusion_worker"]["found"]
+    still = [b["target"] for b in data["still_blocking"]["import"]]
+    assert still == ([] if ROUTED in data["bridged"] else [ROUTED])
     assert {p["name"] for p in data["patches"]} >= {LOADER_ENTRY}  # every catalogue entry, decided
     assert _decision(data)["action"] == "patched"
 
