@@ -315,7 +315,9 @@ def render(result: CheckResult) -> str:
     for d in report.patches:
         lines.append(f"  {d.name:<{width}}  {d.action:<8}  {d.variant or '-':<{variants}}  {d.reason}")
     drift = report.import_drift
-    if drift is not None:
+    if drift is not None and drift.ok:
+        lines += ["", f"  import drift: none ({drift.checked} module-level vLLM imports of vllm-omni checked)"]
+    elif drift is not None:
         lines += ["", f"  import drift: {len(drift.unresolved)} of vllm-omni's {drift.checked} module-level vLLM "
                       f"imports no longer resolve ({len(drift.names)} distinct name(s))"
                   + (f", {len(result.bridged)} bridged by vllm_compat" if result.bridged else "")]
