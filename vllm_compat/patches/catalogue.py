@@ -91,4 +91,24 @@ CATALOGUE: tuple[PatchEntry, ...] = (
         serves="vllm-omni <= 0.24.0 with use_hsdp and a quantization config, on every vLLM",
         retire_when="the oldest vllm-omni you support is >= 0.26.0 (load order classifies as 'process_before_shard')",
     ),
+    PatchEntry(
+        id="routed_experts_lists",
+        kind="stand-in",
+        module="vllm_compat.bridges.routed_experts_lists",
+        target_module="vllm.v1.outputs",
+        target="RoutedExpertsLists",
+        why=(
+            "vLLM 0.31 removed RoutedExpertsLists (a two-field NamedTuple: routing_data, slot_mapping); vllm-omni "
+            "0.24.0 and 0.30.0 import it in vllm_omni/core/sched/utils.py, which `import vllm_omni` reaches, so "
+            "both die at import on vLLM 0.31+."
+        ),
+        how=(
+            "When vllm.v1.outputs is imported without the name and an installed vllm-omni imports it (read from "
+            "its files), set our two-field NamedTuple there (marked _vllm_compat_stand_in); the startup .pth "
+            "registers the hook before `import vllm_omni`. Never replaces vLLM's own."
+        ),
+        upstream="vLLM 0.31.0 removed vllm.v1.outputs.RoutedExpertsLists",
+        serves="vllm-omni 0.24.0 and 0.30.0 on vLLM 0.31-0.33 (vLLM <= 0.30 keeps its own)",
+        retire_when="the oldest vllm-omni you support no longer imports vllm.v1.outputs.RoutedExpertsLists",
+    ),
 )

@@ -1,0 +1,145 @@
+"""The ``RoutedExpertsLists`` stand-in on the real wheels: vllm-omni 0.24.0 / 0.30.0 die at import on vLLM 0.31+
+without it (the real ImportError, reproduced first), import with it, and vLLM <= 0.30 keeps its own."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+
+from conftest import needs_vllm, run_python
+from vllm_compat.bridges import HostKind, StandInFacts, is_ours
+from vllm_compat.bridges import routed_experts_lists as bridge
+from vllm_compat.config import Controls
+from vllm_compat.decide import Action
+from vllm_compat.detect.static import StaticSite
+from vllm_compat.patches import decide_entry
+
+STATIC = bridge.detect_static(StaticSite.installed())
+TARGET = bridge.ENTRY.target_path
+needs_missing_name = pytest.mark.skipif(
+    STATIC.host != HostKind.LACKS or not STATIC.importers,
+    reason=f"needs vLLM >= 0.31 (no {TARGET}) with a vllm-omni that imports it; here: vLLM {STATIC.host} it, "
+    f"importers {list(STATIC.importers) or 'none'}",
+)
+needs_vllm_defining_it = pytest.mark.skipif(
+    STATIC.host != HostKind.DEFINES, reason=f"needs a vLLM that defines {TARGET} (<= 0.30); here: {STATIC.host}"
+)
+IMPORT_ERROR = "cannot import name 'RoutedExpertsLists' from 'vllm.v1.outputs'"
+
+
+@pytest.mark.parametrize(
+    ("facts", "action"),
+    [
+        (StandInFacts(HostKind.LACKS, ("vllm_omni.core.sched.utils:6 (module)",)), Action.PATCHED),
+        (StandInFacts(HostKind.LACKS, ()), Action.SKIPPED),
+        (StandInFacts(HostKind.DEFINES, ("vllm_omni.core.sched.utils:6 (module)",)), Action.SKIPPED),
+        (StandInFacts(HostKind.NO_MODULE, ("vllm_omni.core.sched.utils:6 (module)",)), Action.SKIPPED),
+        (StandInFacts(HostKind.ABSENT, ()), Action.PENDING),
+        (StandInFacts(HostKind.UNKNOWN, ("vllm_omni.core.sched.utils:6 (module)",)), Action.PENDING),
+    ],
+    ids=["lacks+imported", "lacks+unused", "defines", "no-module", "no-vllm", "unknown"],
+)
+def test_decision_table(facts, action):
+    assert bridge.decide(facts, Controls()).action == action
+    assert decide_entry(bridge.ENTRY, facts, Controls(disabled_patches=frozenset({bridge.ENTRY.id}))).action == (
+        Action.DISABLED)
+
+
+@needs_vllm
+def test_static_and_runtime_facts_agree():
+    module = importlib.import_module(bridge.ENTRY.target_module)
+    assert bridge.compare(STATIC, bridge.detect_runtime(module)) == []
+
+
+@needs_missing_name
+def test_unpatched_import_of_vllm_omni_fails_with_the_real_import_error():
+    """With the entry turned off, ``import vllm_omni`` dies where vllm-omni imports the removed name."""
+    result = run_python(
+        """
+        import vllm_compat
+        try:
+            import vllm_omni
+        except ImportError as exc:
+            print("IMPORT-ERROR", exc)
+        else:
+            print("IMPORTED")
+        """,
+        env={"VLLM_COMPAT_DISABLE_PATCHES": bridge.ENTRY.id},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"IMPORT-ERROR {IMPORT_ERROR}" in result.stdout, result.stdout[-2000:]
+
+
+@needs_missing_name
+def test_vllm_omni_imports_with_the_stand_in_and_revert_removes_it():
+    """The fixed run: vllm-omni imports, its own helper works on the stand-in, revert() takes out exactly it."""
+    result = run_python(
+        """
+        import json, sys
+        import vllm_compat
+        import numpy as np
+        import vllm_omni
+        from vllm_omni.core.sched.utils import omni_routed_experts_for_request, RoutedExpertsLists
+        outputs = sys.modules["vllm.v1.outputs"]
+        lists = RoutedExpertsLists(routing_data=np.arange(12).reshape(4, 3, 1), slot_mapping=np.array([5, 6, 7, 8]))
+        class Request:
+            block_table = [6, 8]
+        picked = omni_routed_experts_for_request(lists, Request())
+        out = dict(
+            same=outputs.RoutedExpertsLists is RoutedExpertsLists,
+            mark=RoutedExpertsLists._vllm_compat_stand_in,
+            fields=list(RoutedExpertsLists._fields),
+            picked=picked.ravel().tolist(),
+            decision=[d.action for d in vllm_compat.current_decisions() if d.name == "routed_experts_lists"],
+        )
+        before = set(vars(outputs))
+        vllm_compat.revert()
+        out["removed"] = sorted(before - set(vars(outputs)))
+        out["added"] = sorted(set(vars(outputs)) - before)
+        vllm_compat.apply()
+        out["back"] = getattr(outputs, "RoutedExpertsLists", None) is RoutedExpertsLists
+        print("RESULT", json.dumps(out))
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.split("RESULT ", 1)[1])
+    assert out == {
+        "same": True, "mark": bridge.ENTRY.id, "fields": ["routing_data", "slot_mapping"],
+        "picked": [3, 4, 5, 9, 10, 11], "decision": ["patched"],
+        "removed": ["RoutedExpertsLists"], "added": [], "back": True,
+    }
+
+
+@needs_missing_name
+def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
+    module = importlib.import_module(bridge.ENTRY.target_module)  # vllm_compat's hook (pytest plugin) ran
+    had = vars(module).get(bridge.NAME)
+    try:
+        bridge.uninstall(module)
+        names = set(vars(module))
+        decision = bridge.decide(bridge.detect_runtime(module), Controls())
+        assert decision.action == Action.PATCHED
+        assert bridge.install(module, decision, bridge.prepare(module, STATIC)) is True
+        assert bridge.install(module, decision, None) is False  # already there: a no-op
+        assert set(vars(module)) - names == {bridge.NAME} and is_ours(module.RoutedExpertsLists, bridge.ENTRY.id)
+        assert bridge.uninstall(module) is True and set(vars(module)) == names
+        assert bridge.uninstall(module) is False
+    finally:
+        if had is not None:
+            setattr(module, bridge.NAME, had)
+
+
+@needs_vllm_defining_it
+def test_stays_out_where_vllm_defines_it():
+    import vllm_compat
+
+    module = importlib.import_module(bridge.ENTRY.target_module)
+    decisions = {d.name: d for d in vllm_compat.apply()}
+    assert decisions[bridge.ENTRY.id].action == Action.SKIPPED
+    own = module.RoutedExpertsLists
+    assert not is_ours(own) and own.__module__ == "vllm.v1.outputs"
+    with pytest.raises(Exception, match="never replaces a name vLLM defines"):
+        bridge.prepare(module, bridge.detect_runtime(module))
+    assert bridge.uninstall(module) is False and module.RoutedExpertsLists is own

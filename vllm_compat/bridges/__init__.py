@@ -1,0 +1,111 @@
+"""Bridges: names vLLM removed or moved that an installed vllm-omni still imports.
+
+Each bridge is a drift point like the patches (one module, one catalogue entry, the interface documented in
+``vllm_compat.patches``), of kind "stand-in" (our own smallest definition of a removed name), "alias" or
+"adapter". A bridge is installed only where the installed vLLM lacks the name and only while an installed
+vllm-omni imports it; it never replaces a name vLLM defines, and what it puts in place carries a
+``_vllm_compat_stand_in`` mark (the entry id) so that uninstall removes exactly that and nothing else.
+
+This module holds what the stand-ins share: reading which vllm-omni files import a name (files only, never
+``import vllm_omni``: the hook that asks runs while vllm-omni is being imported) and providing / withdrawing a
+marked object. Like every drift-point module, it imports neither torch nor vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+MARK = "_vllm_compat_stand_in"  # on what a stand-in installs: the catalogue entry id
+
+
+class HostKind:
+    DEFINES = "defines"  # vLLM has the name: the bridge stays out
+    LACKS = "lacks"  # the module exists without the name (or with ours in its place)
+    NO_MODULE = "no_module"  # the module itself is gone
+    ABSENT = "absent"  # vLLM is not installed
+    UNKNOWN = "unknown"  # the files cannot tell (lazy __getattr__, compiled module)
+
+
+@dataclass(frozen=True)
+class StandInFacts:
+    """What a stand-in decides on: whether vLLM has the name, and which vllm-omni imports of it run (each
+    ``"module:line (context)"``; contexts as ``detect.import_drift`` names them, TYPE_CHECKING ones left out)."""
+
+    host: str
+    importers: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def is_ours(obj, entry_id: str | None = None) -> bool:
+    mark = getattr(obj, MARK, None)
+    return mark is not None and (entry_id is None or mark == entry_id)
+
+
+def omni_importers(tree, files: tuple[str, ...], module: str, name: str | None) -> tuple[str, ...]:
+    """The imports of ``module`` (``from module import name``, or ``import module`` / any name from it when
+    ``name`` is None) in the vllm-omni ``files`` of ``tree`` (a ``detect.static.SourceTree``), except those under
+    ``if TYPE_CHECKING``: those that run, at import or when a function runs."""
+    from ..detect.import_drift import plugin_imports
+
+    found = []
+    for relpath in files:
+        importer = relpath[:-3].replace("/", ".").removesuffix(".__init__")
+        package = importer if relpath.endswith("__init__.py") else importer.rpartition(".")[0]
+        for line, level, imported, names, context in plugin_imports(tree, relpath, "vllm_omni"):
+            if context == "type_checking":
+                continue
+            if level == -1:  # import a.b
+                hit = name is None and module in names
+            else:
+                if level:  # a relative import cannot reach vLLM, but resolve it for completeness
+                    base = package.split(".")[: len(package.split(".")) - (level - 1)]
+                    imported = ".".join(base + ([imported] if imported else []))
+                hit = imported == module and (name is None or name in names)
+            if hit:
+                found.append(f"{importer}:{line} ({context})")
+    return tuple(found)
+
+
+def installed_omni_tree():
+    """The installed vllm-omni's files (a ``SourceTree``), found without importing ``vllm_omni``."""
+    from ..detect.static import _tree_of
+
+    return _tree_of("vllm_omni")
+
+
+def host_lookup(vllm_tree, module: str, name: str | None) -> str:
+    """``HostKind`` of ``module.name`` in a vLLM tree, from its files."""
+    if not vllm_tree.has_package("vllm"):
+        return HostKind.ABSENT
+    from ..detect.import_drift import host_index
+
+    answer = host_index(vllm_tree).lookup(module, name)
+    return {"yes": HostKind.DEFINES, "no": HostKind.LACKS, "no_module": HostKind.NO_MODULE}.get(answer,
+                                                                                               HostKind.UNKNOWN)
+
+
+def provide(owner, name: str, value, entry_id: str) -> bool:
+    """Set ``owner.name = value`` (value marked with ``entry_id``) where ``owner`` lacks the name. False when ours
+    is already there (a no-op); ``PatchRefusedError`` when something else is (never replace vLLM's own)."""
+    from ..errors import PatchRefusedError
+
+    current = vars(owner).get(name)
+    if current is not None and is_ours(current, entry_id):
+        return False
+    if name in vars(owner):
+        raise PatchRefusedError(
+            f"{owner.__name__}.{name} exists ({current!r}) and is not vllm_compat's stand-in; left as it is. "
+            f"The installed vLLM defines it, so the stand-in is not needed.")
+    setattr(value, MARK, entry_id)
+    setattr(owner, name, value)
+    return True
+
+
+def withdraw(owner, name: str, entry_id: str) -> bool:
+    """Remove ``owner.name`` if it is ours (``entry_id``'s); False when nothing of ours was there."""
+    if not is_ours(vars(owner).get(name), entry_id):
+        return False
+    delattr(owner, name)
+    return True

@@ -1,0 +1,103 @@
+"""Stand-in for ``vllm.v1.outputs.RoutedExpertsLists``, removed in vLLM 0.31.0.
+
+Why: in vLLM <= 0.30 it is a two-field NamedTuple (``routing_data``, ``slot_mapping``: numpy arrays); vLLM 0.31
+removed it, and vllm-omni 0.24.0 and 0.30.0 import it at module level in ``vllm_omni/core/sched/utils.py``, which
+``import vllm_omni`` reaches: both die at import on vLLM 0.31-0.33.
+When: vLLM's ``vllm.v1.outputs`` lacks the name and an installed vllm-omni imports it (read from vllm-omni's
+files); a vLLM that defines it (<= 0.30) keeps its own. It must be in place before ``import vllm_omni``: the
+startup hook (``vllm_compat_startup.pth``) registers the import hook that installs it.
+Retire when: the oldest supported vllm-omni no longer imports ``vllm.v1.outputs.RoutedExpertsLists``.
+
+The definition is the smallest that satisfies the callers, not a copy of vLLM's: ``core/sched/utils.py`` uses it
+as an annotation and reads ``.routing_data`` / ``.slot_mapping``; ``worker/gpu_model_runner.py`` builds it with
+those two keywords (inside a function, only when routed experts are returned). Nothing in vLLM 0.31+ consumes
+it, so returning routed experts (``enable_return_routed_experts``) is not restored by it: only the imports are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ..decide import Action, Decision
+from ..errors import PatchRefusedError
+from ..patches.catalogue import CATALOGUE
+from . import HostKind, StandInFacts, host_lookup, installed_omni_tree, is_ours, omni_importers, provide, withdraw
+
+ENTRY = next(e for e in CATALOGUE if e.module == __name__)
+NAME = ENTRY.target
+# The vllm-omni files that import it (0.24.0 and 0.30.0): read, never imported.
+IMPORTERS = ("vllm_omni/core/sched/utils.py", "vllm_omni/worker/gpu_model_runner.py")
+
+
+class RoutedExpertsLists(NamedTuple):
+    """vLLM 0.30's CPU-side routed experts of one scheduler step (stand-in by vllm_compat)."""
+
+    routing_data: Any  # numpy array (num_scheduled_tokens, num_layers, num_experts_per_tok)
+    slot_mapping: Any  # numpy array (num_scheduled_tokens,): the KV-cache slot of each row
+
+
+# ---- the drift-point interface (vllm_compat.patches) ----
+
+def detect_static(site) -> StandInFacts:
+    host = host_lookup(site.vllm_tree, ENTRY.target_module, NAME)
+    return StandInFacts(host, omni_importers(site.omni_tree, IMPORTERS, ENTRY.target_module, NAME))
+
+
+def detect_runtime(module) -> StandInFacts:
+    current = vars(module).get(NAME)
+    host = HostKind.LACKS if current is None or is_ours(current, ENTRY.id) else HostKind.DEFINES
+    return StandInFacts(host, omni_importers(installed_omni_tree(), IMPORTERS, ENTRY.target_module, NAME))
+
+
+def decide(facts: StandInFacts, controls) -> Decision:
+    if facts.host == HostKind.ABSENT:
+        return ENTRY.decision(Action.PENDING, "vLLM is not installed; decided when it is imported")
+    if facts.host == HostKind.UNKNOWN:
+        return ENTRY.decision(Action.PENDING, f"{ENTRY.target_module}'s files cannot tell whether it defines "
+                              f"{NAME}; decided when it is imported")
+    if facts.host == HostKind.DEFINES:
+        return ENTRY.decision(Action.SKIPPED, f"vLLM defines {ENTRY.target_path}; its own is used")
+    if facts.host == HostKind.NO_MODULE:
+        return ENTRY.decision(Action.SKIPPED, f"this vLLM has no {ENTRY.target_module} at all; a stand-in for "
+                              f"{NAME} cannot help")
+    if not facts.importers:
+        return ENTRY.decision(Action.SKIPPED, f"vLLM lacks {NAME}, but no installed vllm-omni imports it")
+    return ENTRY.decision(Action.PATCHED, f"vLLM lacks {ENTRY.target_path} (removed in 0.31), and vllm-omni "
+                          f"imports it ({', '.join(facts.importers)}); provided by a stand-in")
+
+
+def locate(module):
+    return module
+
+
+def prepare(owner, facts: StandInFacts) -> None:
+    """The contract: the module does not define the name itself (ours may be there already)."""
+    current = vars(owner).get(NAME)
+    if current is not None and not is_ours(current, ENTRY.id):
+        raise PatchRefusedError(f"{ENTRY.target_path} exists ({current!r}); vllm_compat never replaces a name "
+                                "vLLM defines. Left as it is.")
+
+
+def install(owner, decision: Decision, state) -> bool:
+    return provide(owner, NAME, RoutedExpertsLists, ENTRY.id)
+
+
+def uninstall(owner) -> bool:
+    return withdraw(owner, NAME, ENTRY.id)
+
+
+def in_place(owner):
+    return vars(owner).get(NAME) if owner is not None else None
+
+
+def compare(static: StandInFacts, runtime: StandInFacts) -> list[str]:
+    differences = []
+    if static.host != runtime.host and HostKind.ABSENT not in (static.host, runtime.host):
+        differences.append(f"{ENTRY.target_path}: vLLM {static.host} (files) != {runtime.host} (imported)")
+    if static.importers != runtime.importers:
+        differences.append(f"vllm-omni importers of {NAME}: {list(static.importers)} != {list(runtime.importers)}")
+    return differences
+
+
+def facts_dict(facts: StandInFacts) -> dict:
+    return facts.to_dict()
