@@ -15,6 +15,14 @@ VLLM_VERSION = installed_version("vllm")
 OMNI_VERSION = installed_version("vllm-omni")
 
 needs_vllm = pytest.mark.skipif(VLLM_VERSION is None, reason="vLLM is not installed in this env")
+# The startup hook (vllm_compat_startup.pth in site-packages): registers vllm_compat's hooks in every interpreter,
+# before `import vllm_omni`; an install of vllm_compat from before it existed lacks it.
+from vllm_compat._startup import is_installed as _startup_hook_installed  # noqa: E402
+
+STARTUP_HOOK = _startup_hook_installed()
+needs_startup_hook = pytest.mark.skipif(
+    not STARTUP_HOOK, reason="vllm_compat_startup.pth is not in this env's site-packages (reinstall vllm_compat)"
+)
 # "Importable" is decided statically (vllm_compat.detect.import_drift, ~1 s): vllm-omni installed on a vLLM that
 # lacks a name its own ``__init__`` reaches (vllm-omni <= 0.30 on vLLM 0.31+: vllm.v1.outputs.RoutedExpertsLists)
 # counts as not importable, so a matrix cell with it still runs every test that does not need vllm-omni.

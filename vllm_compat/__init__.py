@@ -3,6 +3,9 @@
 Importing this package registers a post-import hook for vllm-omni's diffusion loader and nothing else: it
 imports no torch, vllm, vllm_omni, wrapt or logging. Everything that touches vLLM runs when the hook fires, or
 in ``apply()``, ``revert()`` and ``report()``.
+
+The startup hook (``vllm_compat_startup.pth``, see ``_startup``) imports this package in every interpreter, before
+pytest loads our pytest11 plugin; PYTEST_DONT_REWRITE tells pytest not to warn that it cannot rewrite it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import needs_vllm, run_python
+from conftest import needs_startup_hook, needs_vllm, run_python
 from vllm_compat.bridges import HostKind, StandInFacts, is_ours
 from vllm_compat.bridges import routed_experts_lists as bridge
 from vllm_compat.config import Controls
@@ -54,11 +54,14 @@ def test_static_and_runtime_facts_agree():
 
 
 @needs_missing_name
-def test_unpatched_import_of_vllm_omni_fails_with_the_real_import_error():
-    """With the entry turned off, ``import vllm_omni`` dies where vllm-omni imports the removed name."""
+@pytest.mark.parametrize(
+    "env", [{"VLLM_COMPAT_DISABLE": "1"}, {"VLLM_COMPAT_DISABLE_PATCHES": bridge.ENTRY.id}],
+    ids=["disabled", "entry-disabled"],
+)
+def test_unpatched_import_of_vllm_omni_fails_with_the_real_import_error(env):
+    """Without the stand-in, ``import vllm_omni`` dies where vllm-omni imports the removed name."""
     result = run_python(
         """
-        import vllm_compat
         try:
             import vllm_omni
         except ImportError as exc:
@@ -66,21 +69,23 @@ def test_unpatched_import_of_vllm_omni_fails_with_the_real_import_error():
         else:
             print("IMPORTED")
         """,
-        env={"VLLM_COMPAT_DISABLE_PATCHES": bridge.ENTRY.id},
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"IMPORT-ERROR {IMPORT_ERROR}" in result.stdout, result.stdout[-2000:]
 
 
 @needs_missing_name
+@needs_startup_hook
 def test_vllm_omni_imports_with_the_stand_in_and_revert_removes_it():
-    """The fixed run: vllm-omni imports, its own helper works on the stand-in, revert() takes out exactly it."""
+    """The fixed run: a plain ``import vllm_omni`` (the startup hook registered vllm_compat's hooks) works, its own
+    helper works on the stand-in, revert() takes out exactly it."""
     result = run_python(
         """
         import json, sys
-        import vllm_compat
         import numpy as np
         import vllm_omni
+        import vllm_compat
         from vllm_omni.core.sched.utils import omni_routed_experts_for_request, RoutedExpertsLists
         outputs = sys.modules["vllm.v1.outputs"]
         lists = RoutedExpertsLists(routing_data=np.arange(12).reshape(4, 3, 1), slot_mapping=np.array([5, 6, 7, 8]))
