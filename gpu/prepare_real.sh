@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Build gpu/.carry/ (git-ignored) for the real-model checks (issue 12; gpu/real_models.py), on the CPU machine.
+#
+#   vllm26_so.tar.xz  vLLM 0.26.0's compiled kernels for torch 2.11 (the device's torch): _C_stable_libtorch.abi3.so
+#                     (79 MB, ~56 MB as xz) plus the small optional ones (_qutlass_C, cumem_allocator, fs_io_C,
+#                     spinloop). Carried alone in the first device call (the carry limit is 64 MiB a call).
+#   site26.tar.xz     cp312 wheels of gpu/deps-e26.txt installed with `pip install --no-deps --target`, plus vLLM
+#                     0.26.0's pure-Python tree from $E26 (no .so, no vllm-rs, no C/CUDA headers) and its dist-info.
+#   omni24.tar.xz     vllm-omni 0.24.0 (package + dist-info) from $E26.
+#   omni30src.tar.xz  vllm-omni 0.30.0's diffusers_loader.py and host_weight_plan.py from $E30 (the in-tree method is
+#                     compiled out of them: vllm-omni 0.30.0 does not import on vLLM 0.26).
+# Unpacked on the device by gpu/device_env_real.sh. $E26 is built with `bash /work/envs/build.sh e26 vllm==0.26.0
+# vllm-omni==0.24.0`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+E26=${E26:-/work/envs/e26}
+E30=${E30:-/work/envs/e30}
+SP26=$(echo "$E26"/lib/python3.*/site-packages)
+SP30=$(echo "$E30"/lib/python3.*/site-packages)
+C=gpu/.carry
+PLATFORMS=(--python-version 3.12 --implementation cp --only-binary=:all:)
+for n in 1 17 24 27 28 31 34 35; do
+    case $n in 1) PLATFORMS+=(--platform manylinux1_x86_64) ;; 17) PLATFORMS+=(--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64) ;; *) PLATFORMS+=(--platform manylinux_2_${n}_x86_64) ;; esac
+done
+grep -q '^vllm-0.26.0.dist-info$' <(ls "$SP26") || { echo "$E26 has no vLLM 0.26.0" >&2; exit 1; }
+
+mkdir -p "$C/whl26"
+rm -rf "$C/build26" && mkdir -p "$C/build26/site26" "$C/build26/omni24" "$C/build26/omni30src/vllm_omni/diffusion/model_loader"
+
+# 1. Dependency wheels (one version each), for CPython 3.12 / x86-64, installed without their dependencies.
+grep -v '^#' gpu/deps-e26.txt | grep . | while read -r req; do
+    name=$(echo "${req%%==*}" | tr 'A-Z.-' 'a-z__'); version=${req#*==}
+    ls "$C/whl26" | tr 'A-Z' 'a-z' | grep -q "^${name}-${version}-" && continue  # already there: keep one wheel
+    python3 -m pip download -q --no-deps "${PLATFORMS[@]}" -d "$C/whl26" "$req"
+done
+python3 -m pip install -q --no-deps --no-compile --target "$C/build26/site26" "${PLATFORMS[@]}" "$C"/whl26/*.whl
+
+# 2. vLLM 0.26.0, pure Python, and (separately) its compiled kernels.
+tar -C "$SP26" -cf - --exclude='__pycache__' --exclude='*.so' --exclude='vllm/vllm-rs' \
+    --exclude='*.h' --exclude='*.hpp' --exclude='*.cuh' --exclude='*.cu' --exclude='*.inl' \
+    vllm vllm-0.26.0.dist-info | tar -C "$C/build26/site26" -xf -
+tar -C "$SP26" -cf - vllm/_C_stable_libtorch.abi3.so vllm/_qutlass_C.abi3.so vllm/cumem_allocator.abi3.so \
+    vllm/fs_io_C.abi3.so vllm/spinloop.abi3.so | xz -T0 -6 > "$C/vllm26_so.tar.xz"
+
+# 3. vllm-omni 0.24.0 whole; vllm-omni 0.30.0's two loader files.
+tar -C "$SP26" -cf - --exclude='__pycache__' vllm_omni vllm_omni-0.24.0.dist-info | tar -C "$C/build26/omni24" -xf -
+cp "$SP30"/vllm_omni/diffusion/model_loader/{diffusers_loader.py,host_weight_plan.py} \
+    "$C/build26/omni30src/vllm_omni/diffusion/model_loader/"
+cp "$SP30"/vllm_omni-0.30.0.dist-info/METADATA "$C/build26/omni30src/METADATA-vllm_omni-0.30.0"
+
+for part in site26 omni24 omni30src; do
+    tar -C "$C/build26" -cf - "$part" | xz -T0 -6 > "$C/$part.tar.xz"
+done
+rm -rf "$C/build26"
+du -ch "$C"/vllm26_so.tar.xz "$C"/site26.tar.xz "$C"/omni24.tar.xz "$C"/omni30src.tar.xz
