@@ -21,7 +21,6 @@ from torch import nn  # noqa: E402
 
 from conftest import needs_online_processing  # noqa: E402
 from vllm_compat.patches.diffusers_loader import (  # noqa: E402
-    LoaderDeps,
     process_legacy,
     process_meta_safe,
 )
@@ -71,19 +70,17 @@ def test_reference_does_not_move_params_back_when_quant_method_raises(online, re
     assert rec.moves.count(str(CPU0)) > 0 and rec.moves.count(str(CPU)) == 0, rec.moves
 
 
-def test_finalize_raising_reaches_caller_unchanged_and_nothing_moves():
+def test_finalize_raising_reaches_caller_unchanged_and_nothing_moves(deps):
     raised = m.Boom("finalize failed")
 
     def finalize(model, model_config):
         raise raised
 
-    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
-
     model = oq.build_model()
     m.loaded(model)
     before = m.snapshot(model)
     with m.recording() as rec, pytest.raises(m.Boom) as excinfo:
-        process_meta_safe(oq.LoaderShaped(), model, CPU0, deps=LoaderDeps(QuantizeMethodBase, finalize))
+        process_meta_safe(oq.LoaderShaped(), model, CPU0, deps=replace(deps, find_finalize=lambda: finalize))
     assert excinfo.value is raised
     assert traceback.extract_tb(excinfo.value.__traceback__)[-1].name == "finalize"
     assert rec.moves == []
@@ -94,7 +91,7 @@ def test_finalize_raising_reaches_caller_unchanged_and_nothing_moves():
 def test_model_without_quant_modules_is_left_untouched(variant, deps, request):
     fn = request.getfixturevalue("reference") if variant == "reference" else VARIANTS[variant]
     calls = []
-    spy = replace(deps, finalize=lambda *a: calls.append(a))
+    spy = replace(deps, find_finalize=lambda: lambda *a, **k: calls.append(a))
     model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Sequential(nn.Linear(4, 2)))
     model[2].to("meta")  # a non-quant module on meta is not the loader's business
     before, params = m.snapshot(model), list(model.parameters())
@@ -175,7 +172,7 @@ def test_mixed_cpu_and_meta_params_crash_legacy_but_not_meta_safe(deps, oq):
     model = _mixed_device_model()
     with oq.deterministic_fill():
         process_meta_safe(oq.LoaderShaped(), model, CPU0, deps=deps)
-    if deps.finalize is not None:
+    if deps.find_finalize() is not None:
         assert oq.meta_param_names(model) == []
 
 
@@ -193,7 +190,7 @@ def test_mixed_cpu_and_meta_params_without_finalize_warn_and_keep_cpu_params(dep
     model = _mixed_device_model()
     cpu_before = {n: s for n, s in m.snapshot(model).items() if s[1] == "cpu"}
     with caplog.at_level(logging.WARNING, logger="vllm_compat"):
-        process_meta_safe(oq.LoaderShaped(), model, CPU0, deps=replace(deps, finalize=None))
+        process_meta_safe(oq.LoaderShaped(), model, CPU0, deps=replace(deps, find_finalize=lambda: None))
     left = oq.meta_param_names(model)
     assert left == ["blocks.0.proj_in.weight", "blocks.0.proj_in.weight_scale",
                     "blocks.1.proj_out.weight", "blocks.1.proj_out.weight_scale"]

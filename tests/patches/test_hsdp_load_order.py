@@ -1,0 +1,123 @@
+"""F-hsdp-order: vllm-omni's real ``load_model`` with ``use_hsdp`` on CPU FSDP2 (gloo, world size 1 and 2).
+
+vllm-omni <= 0.24.0 processes weights after ``prepare_fp8_layers_for_fsdp`` and ``apply_hsdp_to_model``; the
+``hsdp_load_order`` entry makes it load -> process -> prepare -> shard, as vllm-omni >= 0.26 does. Each rank
+runs ``tests/patches/_hsdp_order_worker.py`` (online, then offline quant) and compares its forward with the
+same model processed unsharded. Unpatched (``VLLM_COMPAT_DISABLE_PATCHES=hsdp_load_order``) is the real
+failure: processing after sharding, and a forward that does not use the processed weights or raises.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import needs_online_processing, needs_omni
+
+pytestmark = [needs_omni, needs_online_processing, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+REPO = Path(__file__).resolve().parents[2]
+LAYERS = 4  # 2 blocks x (first, second): one processing each
+SCENARIOS = {"patched": {}, "unpatched": {"VLLM_COMPAT_DISABLE_PATCHES": "hsdp_load_order"}}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def order_shape():
+    from vllm_compat.detect.static import StaticSite
+    from vllm_compat.patches import hsdp_load_order
+
+    return hsdp_load_order.detect_static(StaticSite.installed())
+
+
+@pytest.fixture(scope="module")
+def runs(order_shape, tmp_path_factory):
+    """{(scenario, world_size): [result of each rank]}: every run started at once, then collected."""
+    if order_shape.kind != "process_after_shard":
+        pytest.skip(f"installed vllm-omni's HSDP path is {order_shape.kind} ({order_shape.detail}); the reordering "
+                    "serves the process_after_shard shape (vllm-omni <= 0.24.0)")
+    sys.path.insert(0, str(REPO))
+    from tests.patches._hsdp_order_worker import write_checkpoint
+
+    root = tmp_path_factory.mktemp("hsdp_order")
+    write_checkpoint(root / "checkpoint")
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_COMPAT_")}
+    started = {}
+    for scenario, extra_env in SCENARIOS.items():
+        for world_size in (1, 2):
+            port = _free_port()
+            outs = [root / f"{scenario}-ws{world_size}-rank{rank}.json" for rank in range(world_size)]
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-m", "tests.patches._hsdp_order_worker", str(out), str(world_size), str(rank),
+                     str(port), str(root / "checkpoint")],
+                    cwd=REPO, env={**base_env, **extra_env, "OMP_NUM_THREADS": "1"},
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                )
+                for rank, out in enumerate(outs)
+            ]
+            started[(scenario, world_size)] = (procs, outs)
+    results = {}
+    for key, (procs, outs) in started.items():
+        for proc in procs:
+            _, stderr = proc.communicate(timeout=900)
+            assert proc.returncode == 0, f"{key}: worker failed:\n{stderr[-3000:]}"
+        results[key] = [json.loads(out.read_text()) for out in outs]
+    return results
+
+
+def _ranks(runs, scenario):
+    for world_size in (1, 2):
+        for rank, result in enumerate(runs[(scenario, world_size)]):
+            yield f"ws{world_size}/rank{rank}", result
+
+
+def test_installed_vllm_omni_shape_is_detected_the_same_statically_and_live(order_shape):
+    from vllm_compat.detect.runtime import LOADER_MODULE
+    from vllm_compat.patches import hsdp_load_order
+
+    import importlib
+
+    live = hsdp_load_order.detect_runtime(importlib.import_module(LOADER_MODULE))
+    assert hsdp_load_order.compare(order_shape, live) == []
+    assert order_shape.kind in ("process_after_shard", "process_before_shard"), order_shape
+
+
+@pytest.mark.parametrize("quant", ["online", "offline"])
+def test_unpatched_legacy_hsdp_processes_after_sharding_and_the_forward_misses_it(runs, quant):
+    for where, result in _ranks(runs, "unpatched"):
+        case = result[quant]
+        assert result["decisions"]["hsdp_load_order"] == "disabled"
+        assert case["load_error"] is None, where
+        order = case["order"]
+        assert order.index("shard") < max(i for i, step in enumerate(order) if step.startswith("process:")), order
+        # The failure users meet: the forward raises, or it runs without the processed weights.
+        failed = case["forward_error"] is not None or not case["forward_equals_processed_reference"]
+        assert failed, f"{where} {quant}: unpatched forward used the processed weights: {case}"
+
+
+@pytest.mark.parametrize("quant", ["online", "offline"])
+def test_patched_hsdp_processes_before_sharding_and_the_forward_uses_it(runs, quant):
+    for where, result in _ranks(runs, "patched"):
+        case = result[quant]
+        assert result["decisions"]["hsdp_load_order"] == "patched"
+        assert case["load_error"] is None and case["forward_error"] is None, (where, case)
+        processes = [step for step in case["order"] if step.startswith("process:")]
+        assert case["order"] == ["load", *processes, "prepare", "shard"], (where, case["order"])
+        assert len(processes) == LAYERS, (where, processes)  # each layer once: never again after sharding
+        assert case["sharded_params"] > 0, where
+        assert case["reference_processing_changes_output"], "the reference cannot tell processed from raw"
+        assert case["forward_equals_processed_reference"] and case["max_abs_diff"] == 0.0, (where, case)
+        assert set(case["applied_weight_dtypes"].values()) == {"torch.float8_e4m3fn"}, (where, case)
+        assert case["shadows_left"] == [], where  # the per-call shadows are gone from the loader
