@@ -479,8 +479,26 @@ def timed_loads(env, methods, arch, kind, names, repeats) -> dict:
     return {"arch": arch, "checkpoint": kind, "repeats": repeats, "rows": rows}
 
 
+PARTIAL: dict = {}
+
+
+def dump_partial() -> None:
+    path = PARTIAL.get("path")
+    if path:
+        Path(path).write_text(json.dumps(PARTIAL["report"], indent=1, default=str))
+
+
+def harness_error(report: dict, where: str, exc: BaseException) -> None:
+    report.setdefault("harness_errors", []).append(
+        {"where": where, "error": f"{type(exc).__name__}: {exc}"[:500],
+         "trace": [f"{Path(f.filename).name}:{f.lineno}" for f in traceback.extract_tb(exc.__traceback__)[-6:]]})
+    log("HARNESS ERROR", where, repr(exc)[:300])
+    dump_partial()
+
+
 def part_meta(env: Env, methods: Methods, archs, repeats: int) -> dict:
-    report = {"checkpoints": {}, "cases": [], "timing": []}
+    report = PARTIAL["report"]
+    report.update({"checkpoints": {}, "cases": [], "timing": []})
     fp8 = "fp8" if DEVICE_TYPE == "cuda" else None
     for arch in archs:
         report["checkpoints"][arch] = prepare_checkpoints(env, arch)
@@ -508,14 +526,20 @@ def part_meta(env: Env, methods: Methods, archs, repeats: int) -> dict:
     for method, arch, kind, layerwise in plan:
         if method == "intree030" and methods.intree is None:
             continue
-        case = load_case(env, methods, method, arch, kind, quant=fp8, layerwise=layerwise,
-                         reference=refs[arch] if kind == "full" else None, inputs=inputs[arch],
-                         deep_check=method in ("apply", "intree030") and not layerwise)
+        try:
+            case = load_case(env, methods, method, arch, kind, quant=fp8, layerwise=layerwise,
+                             reference=refs[arch] if kind == "full" else None, inputs=inputs[arch],
+                             deep_check=method in ("apply", "intree030") and not layerwise)
+        except Exception as exc:  # noqa: BLE001
+            harness_error(report, f"{method} {arch} {kind} layerwise={layerwise}", exc)
+            free()
+            continue
         out = case.pop("_out", None)
         if out is not None:
             outs[(method, arch, kind, layerwise)] = out
         report["cases"].append(case)
         log(json.dumps(case, default=str)[:900])
+        dump_partial()
     # Same result, shim vs in-tree (and vs unpatched where it ran): output tensors bit for bit.
     same = []
     for (method, arch, kind, layerwise), out in outs.items():
@@ -529,7 +553,11 @@ def part_meta(env: Env, methods: Methods, archs, repeats: int) -> dict:
     report["same_output"] = same
     if fp8 and repeats:
         for arch in archs:
-            t = timed_loads(env, methods, arch, "stragglers", ["intree030", "apply"], repeats)
+            try:
+                t = timed_loads(env, methods, arch, "stragglers", ["intree030", "apply"], repeats)
+            except Exception as exc:  # noqa: BLE001
+                harness_error(report, f"timing {arch}", exc)
+                continue
             report["timing"].append(t)
             log(json.dumps({k: {kk: vv for kk, vv in v.items() if kk not in ("samples_s", "peak_mib")}
                             for k, v in t["rows"].items()}))
@@ -541,7 +569,8 @@ def part_meta(env: Env, methods: Methods, archs, repeats: int) -> dict:
 
 def part_hsdp(env: Env, methods: Methods) -> dict:
     arch = om.ZIMAGE_ARCH
-    report = {"checkpoints": {arch: prepare_checkpoints(env, arch)}, "cases": []}
+    report = PARTIAL["report"]
+    report.update({"checkpoints": {arch: prepare_checkpoints(env, arch)}, "cases": []})
     inputs = om.make_inputs(arch, env.device)
     ref_case = load_case(env, methods, "unpatched", arch, "full", quant=None, inputs=inputs)
     ref = ref_case.pop("_out")
@@ -556,11 +585,17 @@ def part_hsdp(env: Env, methods: Methods) -> dict:
     for method, quant, kind in plan:
         if method == "intree030" and methods.intree is None:
             continue
-        case = load_case(env, methods, method, arch, kind, quant=quant, layerwise=True, hsdp=True,
-                         reference=ref if (kind == "full") else None, inputs=inputs)
+        try:
+            case = load_case(env, methods, method, arch, kind, quant=quant, layerwise=True, hsdp=True,
+                             reference=ref if (kind == "full") else None, inputs=inputs)
+        except Exception as exc:  # noqa: BLE001
+            harness_error(report, f"{method} {quant} {kind}", exc)
+            free()
+            continue
         case.pop("_out", None)
         report["cases"].append(case)
         log(json.dumps(case, default=str)[:900])
+        dump_partial()
     return report
 
 
@@ -587,10 +622,14 @@ def main() -> None:
         report["vllm_platform"] = type(vp.current_platform).__name__
     except Exception as exc:  # noqa: BLE001
         report["vllm_platform"] = f"error: {exc}"
-    if args.part == "meta":
-        report.update(part_meta(env, methods, [ARCHS[a] for a in args.archs.split(",")], args.repeats))
-    else:
-        report.update(part_hsdp(env, methods))
+    PARTIAL.update(path=args.out, report=report)
+    try:
+        if args.part == "meta":
+            part_meta(env, methods, [ARCHS[a] for a in args.archs.split(",")], args.repeats)
+        else:
+            part_hsdp(env, methods)
+    except Exception as exc:  # noqa: BLE001 - keep what ran
+        harness_error(report, args.part, exc)
     import importlib.util
 
     spec = importlib.util.find_spec("vllm_compat")  # after the runs: finding it does not import it, listing is safe
