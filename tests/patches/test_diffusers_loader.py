@@ -181,3 +181,78 @@ def test_installed_method_forwards_extra_keyword_arguments(oq, shapes, deps):
         (FutureLoader, model, CPU, {}),
     ]
     assert vars(FutureLoader)["_process_weights_after_loading"] is patched.__wrapped__
+
+
+def _completed_online_layer_model():
+    """One online-quant layer that vLLM's layerwise loader already processed (``uses_meta_device``, the
+    processed flag set), on CPU; its method's processing is a Mock that must not be called again."""
+    from unittest import mock
+
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+    from vllm_compat.patches.diffusers_loader import PROCESSED_FLAG
+
+    class CompletedOnline(QuantizeMethodBase):
+        uses_meta_device = True
+
+        def create_weights(self, *args, **kwargs):  # pragma: no cover - never created here
+            raise AssertionError("not used")
+
+        def apply(self, layer, x, bias=None):  # pragma: no cover - no forward here
+            raise AssertionError("not used")
+
+    layer = torch.nn.Linear(4, 4)
+    layer.quant_method = CompletedOnline()
+    layer.quant_method.process_weights_after_loading = mock.Mock()
+    setattr(layer, PROCESSED_FLAG, True)
+    return torch.nn.Sequential(layer), layer
+
+
+def _assert_upstream_finalize_contract(monkeypatch, process) -> None:
+    """The contract vllm-omni's own loader tests check: finalize, replaced on vLLM's layerwise module after the
+    loader is set up, is called once as ``(model, model_config=None)``; the completed layer is neither processed
+    again nor moved. ``process(model, target_device)`` runs the method under test."""
+    from unittest import mock
+
+    from vllm_compat.detect.model import FINALIZE_MODULE, FINALIZE_NAME
+
+    layerwise = pytest.importorskip(FINALIZE_MODULE, reason="this vLLM has no layerwise module (< 0.16)")
+    model, layer = _completed_online_layer_model()
+    weight, device = layer.weight, layer.weight.device
+    stub = mock.Mock()
+    monkeypatch.setattr(layerwise, FINALIZE_NAME, stub, raising=False)
+    process(model, torch.device("cpu", 0))  # a target device other than the layer's: a move would show
+    stub.assert_called_once_with(model, model_config=None)
+    layer.quant_method.process_weights_after_loading.assert_not_called()
+    assert layer.weight is weight and layer.weight.device == device
+
+
+def test_meta_safe_calls_a_finalize_stubbed_after_install_as_upstream_does(oq, deps, monkeypatch):
+    """Fails on the shim that bound finalize at install time and called ``finalize(model, None)``."""
+    from vllm_compat.patches.diffusers_loader import process_meta_safe
+
+    _assert_upstream_finalize_contract(
+        monkeypatch, lambda model, device: process_meta_safe(oq.LoaderShaped(), model, device, deps=deps))
+
+
+@needs_omni
+def test_installed_patch_meets_the_finalize_contract_like_the_in_tree_fix(shapes, deps, monkeypatch):
+    """Through the real loader class with the meta_safe variant installed (forced where the loader is already
+    gated), and, on a gated vllm-omni, its own in-tree method: the same contract on both."""
+    from vllm_compat.patches import diffusers_loader
+
+    cls, original, kind = shapes
+
+    class Loader(cls):
+        pass
+
+    Loader._process_weights_after_loading = original
+    assert diffusers_loader.install_variant(Loader, "meta_safe", deps)
+    try:
+        _assert_upstream_finalize_contract(
+            monkeypatch, lambda model, device: object.__new__(Loader)._process_weights_after_loading(model, device))
+    finally:
+        diffusers_loader.uninstall(Loader)
+    if kind == "gated":
+        _assert_upstream_finalize_contract(monkeypatch, lambda model, device: original(object.__new__(cls), model,
+                                                                                      device))
