@@ -1,0 +1,34 @@
+"""``vllm-compat doctor``: stdout holds the report alone, in every mode, so it can be piped."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import omni_importable_or_absent
+
+
+@pytest.mark.parametrize(
+    "mode", ["static", pytest.param("runtime", marks=omni_importable_or_absent)], ids=["static", "runtime"]
+)
+def test_doctor_json_stdout_is_only_the_json(mode):
+    """``doctor --runtime --json | python -m json.tool`` works: vLLM's log lines go to stderr."""
+    command = [sys.executable, "-m", "vllm_compat", "doctor", "--json"] + (["--runtime"] if mode == "runtime" else [])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode in (0, 1), result.stderr[-2000:]
+    data = json.loads(result.stdout)  # the whole stdout, nothing searched for
+    assert data["mode"] == mode
+    assert [p["name"] for p in data["patches"]] == [e["id"] for e in data["catalogue"]]
+
+
+def test_doctor_table_lists_every_catalogue_entry():
+    from vllm_compat.patches import CATALOGUE
+
+    result = subprocess.run([sys.executable, "-m", "vllm_compat", "doctor"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode in (0, 1), result.stderr[-2000:]
+    for entry in CATALOGUE:
+        assert f"  {entry.id} " in result.stdout, entry.id
