@@ -84,3 +84,9 @@ def test_drift_point_modules_import_neither_torch_nor_vllm(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
+
+
+def test_readme_catalogue_table_lists_every_entry():
+    readme = (PACKAGE.parent / "README.md").read_text()
+    for entry in CATALOGUE:
+        assert f"| `{entry.id}` | {entry.kind} |" in readme, f"README's catalogue table lacks {entry.id}"
