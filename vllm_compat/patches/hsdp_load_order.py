@@ -192,8 +192,11 @@ def install(owner, decision: Decision, signature: inspect.Signature) -> bool:
     def call(wrapped, instance, args, kwargs):
         if instance is None or not getattr(getattr(instance, "parallel_config", None), "use_hsdp", False):
             return wrapped(*args, **kwargs)
-        device = signature.bind(instance, *args, **kwargs).arguments.get("device")
-        if device is None:  # vllm-omni's own HSDP path cannot run without one; let it say so itself
+        try:
+            device = signature.bind(instance, *args, **kwargs).arguments.get("device")
+        except TypeError:  # a call load_model itself rejects: let it say so in its own words
+            device = None
+        if device is None:  # vllm-omni's own HSDP path cannot run without one either
             return wrapped(*args, **kwargs)
         return load_with_processing_before_sharding(wrapped, instance, device, args, kwargs)
 
