@@ -10,11 +10,13 @@ for part in site26 omni24 omni30src; do
         tar -C "$VC" -xJf "gpu/.carry/$part.tar.xz" && touch "$VC/$part.done" || return 1
     fi
 done
-if [ ! -e "$VC/so26.done" ] && [ -f gpu/.carry/vllm26_so.tar.xz ]; then
-    mkdir -p "$VC/so26" && tar -C "$VC/so26" -xJf gpu/.carry/vllm26_so.tar.xz && touch "$VC/so26.done" || return 1
-fi
+for part in vllm26_so fa3; do  # compiled vLLM kernels, kept apart until site26 is there
+    if [ ! -e "$VC/$part.done" ] && [ -f "gpu/.carry/$part.tar.xz" ]; then
+        mkdir -p "$VC/so26" && tar -C "$VC/so26" -xJf "gpu/.carry/$part.tar.xz" && touch "$VC/$part.done" || return 1
+    fi
+done
 if [ -d "$VC/site26/vllm" ] && [ -d "$VC/so26/vllm" ]; then
-    cp -n "$VC"/so26/vllm/*.so "$VC/site26/vllm/"
+    cp -r --update=none "$VC"/so26/vllm/. "$VC/site26/vllm/"
 fi
 export PYTHONPATH="$PWD:$VC/omni24:$VC/site26"
 export OMNI30_DIR="$VC/omni30src"

@@ -4,6 +4,9 @@
 #   vllm26_so.tar.xz  vLLM 0.26.0's compiled kernels for torch 2.11 (the device's torch): _C_stable_libtorch.abi3.so
 #                     (79 MB, ~56 MB as xz) plus the small optional ones (_qutlass_C, cumem_allocator, fs_io_C,
 #                     spinloop). Carried alone in the first device call (the carry limit is 64 MiB a call).
+#   fa3.tar.xz        vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so (153 MB, 8 MB as xz -9): on its CUDA platform vLLM 0.26
+#                     imports vllm.vllm_flash_attn on the way to the layerwise loader, and that package raises
+#                     ImportError without _vllm_fa2_C or _vllm_fa3_C.
 #   site26.tar.xz     cp312 wheels of gpu/deps-e26.txt installed with `pip install --no-deps --target`, plus vLLM
 #                     0.26.0's pure-Python tree from $E26 (no .so, no vllm-rs, no C/CUDA headers) and its dist-info.
 #   omni24.tar.xz     vllm-omni 0.24.0 (package + dist-info) from $E26.
@@ -41,6 +44,7 @@ tar -C "$SP26" -cf - --exclude='__pycache__' --exclude='*.so' --exclude='vllm/vl
     vllm vllm-0.26.0.dist-info | tar -C "$C/build26/site26" -xf -
 tar -C "$SP26" -cf - vllm/_C_stable_libtorch.abi3.so vllm/_qutlass_C.abi3.so vllm/cumem_allocator.abi3.so \
     vllm/fs_io_C.abi3.so vllm/spinloop.abi3.so | xz -T0 -6 > "$C/vllm26_so.tar.xz"
+tar -C "$SP26" -cf - vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so | xz -T0 -9 > "$C/fa3.tar.xz"
 
 # 3. vllm-omni 0.24.0 whole; vllm-omni 0.30.0's two loader files.
 tar -C "$SP26" -cf - --exclude='__pycache__' vllm_omni vllm_omni-0.24.0.dist-info | tar -C "$C/build26/omni24" -xf -
@@ -52,4 +56,4 @@ for part in site26 omni24 omni30src; do
     tar -C "$C/build26" -cf - "$part" | xz -T0 -6 > "$C/$part.tar.xz"
 done
 rm -rf "$C/build26"
-du -ch "$C"/vllm26_so.tar.xz "$C"/site26.tar.xz "$C"/omni24.tar.xz "$C"/omni30src.tar.xz
+du -ch "$C"/vllm26_so.tar.xz "$C"/fa3.tar.xz "$C"/site26.tar.xz "$C"/omni24.tar.xz "$C"/omni30src.tar.xz
