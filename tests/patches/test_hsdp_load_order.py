@@ -20,7 +20,7 @@ import pytest
 
 from conftest import needs_online_processing, needs_omni
 
-pytestmark = [needs_omni, needs_online_processing, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 REPO = Path(__file__).resolve().parents[2]
 LAYERS = 4  # 2 blocks x (first, second): one processing each
@@ -83,6 +83,7 @@ def _ranks(runs, scenario):
             yield f"ws{world_size}/rank{rank}", result
 
 
+@needs_omni
 def test_installed_vllm_omni_shape_is_detected_the_same_statically_and_live(order_shape):
     from vllm_compat.detect.runtime import LOADER_MODULE
     from vllm_compat.patches import hsdp_load_order
@@ -95,6 +96,8 @@ def test_installed_vllm_omni_shape_is_detected_the_same_statically_and_live(orde
 
 
 @pytest.mark.parametrize("quant", ["online", "offline"])
+@needs_omni
+@needs_online_processing
 def test_unpatched_legacy_hsdp_processes_after_sharding_and_the_forward_misses_it(runs, quant):
     for where, result in _ranks(runs, "unpatched"):
         case = result[quant]
@@ -108,6 +111,8 @@ def test_unpatched_legacy_hsdp_processes_after_sharding_and_the_forward_misses_i
 
 
 @pytest.mark.parametrize("quant", ["online", "offline"])
+@needs_omni
+@needs_online_processing
 def test_patched_hsdp_processes_before_sharding_and_the_forward_uses_it(runs, quant):
     for where, result in _ranks(runs, "patched"):
         case = result[quant]
@@ -121,3 +126,45 @@ def test_patched_hsdp_processes_before_sharding_and_the_forward_uses_it(runs, qu
         assert case["forward_equals_processed_reference"] and case["max_abs_diff"] == 0.0, (where, case)
         assert set(case["applied_weight_dtypes"].values()) == {"torch.float8_e4m3fn"}, (where, case)
         assert case["shadows_left"] == [], where  # the per-call shadows are gone from the loader
+
+
+# Shapes no release has (a future loader): the classifier and the decision on source text alone.
+LEGACY = """
+class DiffusersPipelineLoader:
+    def load_model(self, load_device, load_format="default", custom_pipeline_name=None, device=None):
+        model = self._load_model_with_hsdp(target_device=device)
+        self._process_weights_after_loading(model, device)
+    def _load_model_with_hsdp(self, target_device):
+        self.load_weights(model)
+        prepare_fp8_layers_for_fsdp(model)
+        apply_hsdp_to_model(model, config, target_device=target_device)
+"""
+SHAPES = {
+    "legacy": (LEGACY, "process_after_shard", "patched"),
+    "fixed": (LEGACY.replace("        self.load_weights(model)\n",
+                             "        self.load_weights(model)\n        self._process_weights_after_loading(m, d)\n"),
+              "process_before_shard", "skipped"),
+    "no_hsdp_path": ("class DiffusersPipelineLoader:\n    def load_model(self, load_device, device=None): ...\n",
+                     "no_hsdp", "skipped"),
+    "shards_elsewhere": (LEGACY.replace("        apply_hsdp_to_model(model, config, target_device=target_device)\n",
+                                        "        self._shard(model)\n"), "unknown", "refused"),
+    "no_load_model": ("class DiffusersPipelineLoader:\n    def _load_model_with_hsdp(self, d): ...\n", "unknown",
+                      "refused"),
+    "not_python": ("class DiffusersPipelineLoader(:\n", "unknown", "refused"),
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_load_order_shapes_and_decisions(name):
+    from vllm_compat.config import Controls
+    from vllm_compat.patches import decide_entry, entry, hsdp_load_order
+
+    source, kind, action = SHAPES[name]
+    order = hsdp_load_order.classify_class_source(source)
+    assert order.kind == kind, order
+    decision = decide_entry(entry("hsdp_load_order"), order, Controls())
+    assert decision.action == action, decision
+    if action == "refused":
+        assert "VLLM_COMPAT_DISABLE_PATCHES=hsdp_load_order" in decision.reason and order.detail in decision.reason
+    assert decide_entry(entry("hsdp_load_order"), order, Controls(disabled_patches=frozenset({"hsdp_load_order"}))
+                        ).action == "disabled"
