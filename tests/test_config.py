@@ -31,3 +31,17 @@ def test_invalid_value_names_variable_value_and_allowed_values(name, value, allo
         read_controls({name: value})
     message = str(excinfo.value)
     assert name in message and repr(value) in message and allowed in message
+
+
+def test_disable_patches_takes_catalogue_ids_and_rejects_unknown_ones():
+    from vllm_compat.patches import CATALOGUE
+
+    ids = [entry.id for entry in CATALOGUE]
+    controls = read_controls({"VLLM_COMPAT_DISABLE_PATCHES": f" {ids[0]} , {ids[-1]},"})
+    assert controls.disabled_patches == {ids[0], ids[-1]}
+    assert read_controls({}).disabled_patches == frozenset()
+    with pytest.raises(ConfigError) as excinfo:
+        read_controls({"VLLM_COMPAT_DISABLE_PATCHES": f"{ids[0]},no_such_patch"})
+    message = str(excinfo.value)
+    assert "VLLM_COMPAT_DISABLE_PATCHES='" in message and "no_such_patch" in message
+    assert all(i in message for i in ids)  # names the known ids, so the fix is in the message

@@ -136,12 +136,13 @@ def _loaded(name: str):
 
 
 def _pending_decision(entry, controls):
-    from .decide import DISABLED_REASON, Action
+    from .decide import Action
     from .detect.versions import installed_version
+    from .patches import disabled_decision
 
-    if controls.disabled or entry.id in controls.disabled_patches:
-        return entry.decision(Action.DISABLED, DISABLED_REASON if controls.disabled else
-                              f"{entry.id} is listed in VLLM_COMPAT_DISABLE_PATCHES; not patched")
+    disabled = disabled_decision(entry, controls)
+    if disabled is not None:
+        return disabled
     if installed_version(entry.distribution) is None:
         return entry.decision(Action.PENDING, f"{entry.distribution} is not installed; patched if it is imported")
     return entry.decision(Action.PENDING, f"{entry.target_module} is not imported yet; handled when it is")

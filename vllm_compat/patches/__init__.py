@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .catalogue import CATALOGUE, PatchEntry
 
-__all__ = ["CATALOGUE", "PatchEntry", "decide_entry", "drift_point", "entry", "plan"]
+__all__ = ["CATALOGUE", "PatchEntry", "decide_entry", "disabled_decision", "drift_point", "entry", "plan"]
 
 
 def entry(entry_id: str) -> PatchEntry:
@@ -41,16 +41,21 @@ def drift_point(patch_entry: PatchEntry):
     return importlib.import_module(patch_entry.module)
 
 
-def decide_entry(patch_entry: PatchEntry, facts, controls):
-    """The entry's decision: "disabled" for ``VLLM_COMPAT_DISABLE`` or ``VLLM_COMPAT_DISABLE_PATCHES``, else what
-    its module decides from ``facts``."""
+def disabled_decision(patch_entry: PatchEntry, controls):
+    """The "disabled" Decision when ``VLLM_COMPAT_DISABLE`` or ``VLLM_COMPAT_DISABLE_PATCHES`` turns the entry off,
+    else None."""
     from ..decide import DISABLED_REASON, Action
 
     if controls.disabled:
         return patch_entry.decision(Action.DISABLED, DISABLED_REASON)
     if patch_entry.id in controls.disabled_patches:
         return patch_entry.decision(Action.DISABLED, f"{patch_entry.id} is listed in VLLM_COMPAT_DISABLE_PATCHES")
-    return drift_point(patch_entry).decide(facts, controls)
+    return None
+
+
+def decide_entry(patch_entry: PatchEntry, facts, controls):
+    """The entry's decision: "disabled" when the controls say so, else what its module decides from ``facts``."""
+    return disabled_decision(patch_entry, controls) or drift_point(patch_entry).decide(facts, controls)
 
 
 def plan(site, controls) -> list:
