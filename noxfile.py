@@ -67,6 +67,7 @@ def _cell_env(cell: dict) -> dict:
     env = {f"VLLM_COMPAT_EXPECT_{key.upper()}": value for key, value in expect.items()}
     if "unresolved" in cell:
         env["VLLM_COMPAT_EXPECT_UNRESOLVED"] = ",".join(cell["unresolved"])
+        env["VLLM_COMPAT_EXPECT_BRIDGED"] = ",".join(cell.get("bridged", []))
     env["VLLM_COMPAT_CELL"] = cell["id"]
     # tests/test_scan.py downloads real wheels (one vLLM wheel, ~300 MB): once for all cells, not per cell.
     env["VLLM_COMPAT_WHEEL_CACHE"] = os.environ.get("VLLM_COMPAT_WHEEL_CACHE", str(ROOT / ".nox" / "wheels"))
@@ -134,8 +135,9 @@ def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
             decision=patch["action"] + (f"/{patch['variant']}" if patch["variant"] else ""),
             drift="-" if drift is None else ("clean" if drift["ok"] else
                                              f"{len(drift['unresolved'])} unresolved" if drift["import_ok"] else
-                                             "WILL NOT IMPORT: " + ", ".join(n.rsplit(".", 1)[-1]
-                                                                           for n in drift["blocking_names"])),
+                                             "WILL NOT IMPORT: " + ", ".join(n.rsplit(".", 1)[-1] for n in
+                                                                           drift.get("still_blocking_names",
+                                                                                     drift["blocking_names"]))),
         )
     except (TypeError, ValueError, KeyError, IndexError) as exc:
         row["error"] = f"doctor --json unreadable: {exc}"

@@ -26,12 +26,14 @@ needs_startup_hook = pytest.mark.skipif(
 # "Importable" is decided statically (vllm_compat.detect.import_drift, ~1 s): vllm-omni installed on a vLLM that
 # lacks a name its own ``__init__`` reaches (vllm-omni <= 0.30 on vLLM 0.31+: vllm.v1.outputs.RoutedExpertsLists)
 # counts as not importable, so a matrix cell with it still runs every test that does not need vllm-omni.
+# Names vllm_compat bridges do not count when its startup hook is installed (the bridges are then in place before
+# `import vllm_omni` in every interpreter): the same bridged view as doctor's (Report.import_drift).
 OMNI_IMPORT_BLOCKERS = []
 if OMNI_VERSION is not None and VLLM_VERSION is not None:
-    from vllm_compat.detect.import_drift import detect_import_drift
+    from vllm_compat import report as _report
 
-    _drift = detect_import_drift()
-    OMNI_IMPORT_BLOCKERS = _drift.blocking_names if _drift is not None else []
+    _drift = _report().import_drift
+    OMNI_IMPORT_BLOCKERS = _drift.still_blocking_names if _drift is not None else []
 _BLOCKED = f"vllm-omni {OMNI_VERSION} will not import on vLLM {VLLM_VERSION}: {', '.join(OMNI_IMPORT_BLOCKERS)} missing"
 needs_omni = pytest.mark.skipif(
     OMNI_VERSION is None or bool(OMNI_IMPORT_BLOCKERS),

@@ -23,9 +23,13 @@ class Report:
     @property
     def import_drift(self):
         if self._import_drift is ...:
+            from ._startup import is_installed
+            from .bridges import provided_by_decisions
             from .detect.import_drift import detect_import_drift
 
-            self._import_drift = detect_import_drift()
+            drift = detect_import_drift()
+            # Bridged names no longer count against import; only the startup hook bridges them in time for it.
+            self._import_drift = drift and drift.with_bridges(provided_by_decisions(self.patches), is_installed())
         return self._import_drift
 
     @property
@@ -62,6 +66,7 @@ class Report:
             },
             "torch": {"version": env.torch_version},
             "patches": [d.to_dict() for d in self.patches],
+            "catalogue": _catalogue_rows(),
             "import_drift": self.import_drift.to_dict() if self.import_drift is not None else None,
             "mismatches": list(self.mismatches),
             "runtime_error": self.runtime_error,
@@ -123,7 +128,7 @@ class Report:
 
     def _verdict(self) -> str:
         if self.plugin_will_not_import:
-            return (f"FAIL: vllm-omni will not import on this vLLM ({', '.join(self.import_drift.blocking_names)} "
+            return (f"FAIL: vllm-omni will not import on this vLLM ({', '.join(self.import_drift.still_blocking_names)} "
                     "missing); nothing of it can run here, patched or not.")
         if self.runtime_error:
             return "FAIL: the runtime check could not complete (see above)."
@@ -181,12 +186,19 @@ def render_import_drift(drift, indent: str = "             ", shown: int = 3) ->
     if drift.ok:
         return [f"{indent}import drift: none ({drift.checked} vLLM imports checked, {drift.unknown} undecidable)"]
     first = list(drift.blocking) + [u for u in drift.unresolved if u not in drift.blocking]
-    names = ", ".join(f"{u.target} (in {u.importer}:{u.line})" for u in first[:shown])
+    names = ", ".join(f"{u.target} (in {u.importer}:{u.line}" + (f"; bridged by {drift.bridged_by(u.target)})"
+                                                                 if drift.bridged_by(u.target) else ")")
+                      for u in first[:shown])
     more = f", +{len(first) - shown} more" if len(first) > shown else ""
     lines = [f"{indent}import drift: {len(drift.unresolved)} vLLM import(s) no longer resolve: {names}{more}"]
     if not drift.import_ok:
         lines.append(f"{indent}WILL NOT IMPORT: `import {drift.plugin}` reaches "
-                     f"{', '.join(drift.blocking_names)}, which this vLLM does not have")
+                     f"{', '.join(drift.still_blocking_names)}, which this vLLM does not have"
+                     + ("" if drift.early or not drift.bridged else
+                        " (bridged, but vllm_compat_startup.pth is not installed: reinstall vllm_compat)"))
+    elif drift.blocking:
+        lines.append(f"{indent}`import {drift.plugin}` reaches {', '.join(drift.blocking_names)}: bridged by "
+                     f"{', '.join(sorted({drift.bridged_by(n) for n in drift.blocking_names}))}")
     return lines
 
 
@@ -231,3 +243,9 @@ def _runtime_mismatches(planned) -> list[str]:
         point = drift_point(entry)
         mismatches += [f"{entry.id}: {m}" for m in point.compare(static_facts, point.detect_runtime(module))]
     return mismatches
+
+
+def _catalogue_rows() -> list[dict]:
+    from .patches import CATALOGUE
+
+    return [entry.to_dict() for entry in CATALOGUE]

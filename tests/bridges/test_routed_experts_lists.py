@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import needs_startup_hook, needs_vllm, run_python
+from conftest import STARTUP_HOOK, needs_startup_hook, needs_vllm, run_python
 from vllm_compat.bridges import HostKind, StandInFacts, is_ours
 from vllm_compat.bridges import routed_experts_lists as bridge
 from vllm_compat.config import Controls
@@ -148,3 +148,29 @@ def test_stays_out_where_vllm_defines_it():
     with pytest.raises(Exception, match="never replaces a name vLLM defines"):
         bridge.prepare(module, bridge.detect_runtime(module))
     assert bridge.uninstall(module) is False and module.RoutedExpertsLists is own
+
+
+@needs_missing_name
+@pytest.mark.parametrize(
+    ("controls", "bridged"),
+    [(Controls(), True), (Controls(disabled=True), False),
+     (Controls(disabled_patches=frozenset({bridge.ENTRY.id})), False)],
+    ids=["on", "disabled", "entry-disabled"],
+)
+def test_import_drift_counts_the_name_as_bridged_only_while_the_bridge_acts(controls, bridged):
+    from vllm_compat.patches import plan
+    from vllm_compat.reporting import Report
+
+    site = StaticSite.installed()
+    report = Report(mode="static", static=site.environment, patches=[d for _, _, d in plan(site, controls)])
+    drift = report.import_drift
+    assert TARGET in drift.blocking_names  # what vLLM lacks, bridged or not
+    assert drift.bridged_by(TARGET) == (bridge.ENTRY.id if bridged else None)
+    assert drift.early == STARTUP_HOOK
+    assert (TARGET in drift.still_blocking_names) == (not (bridged and STARTUP_HOOK))
+    assert report.plugin_will_not_import == bool(drift.still_blocking_names)
+    assert report.to_dict()["import_drift"]["bridged"] == ({TARGET: bridge.ENTRY.id} if bridged else {})
+    text = report.render_table()
+    assert (f"{TARGET} (in vllm_omni.core.sched.utils:" in text) and (
+        (f"bridged by {bridge.ENTRY.id}" in text) == bridged)
+    assert ("WILL NOT IMPORT" in text) == report.plugin_will_not_import

@@ -80,6 +80,7 @@ def test_agrees_with_a_real_import():
         except ImportError as exc:
             print("FAILED", exc)
         """,
+        env={"VLLM_COMPAT_DISABLE": "1"},  # the raw check is about vLLM as it is: no bridge (startup hook) in place
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]

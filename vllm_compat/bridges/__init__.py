@@ -109,3 +109,20 @@ def withdraw(owner, name: str, entry_id: str) -> bool:
         return False
     delattr(owner, name)
     return True
+
+
+def provided_by_decisions(decisions) -> dict[str, str]:
+    """{``module.name``: entry id} for every bridge decided "patched" among ``decisions``: what the import-drift
+    report counts as bridged. Disabled, skipped or refused bridges provide nothing."""
+    from ..patches import entry as catalogue_entry
+
+    provided = {}
+    for decision in decisions:
+        if decision.action != "patched":
+            continue
+        try:
+            patch_entry = catalogue_entry(decision.name)
+        except KeyError:
+            continue
+        provided.update(dict.fromkeys(patch_entry.provides, patch_entry.id))
+    return provided

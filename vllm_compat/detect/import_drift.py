@@ -77,6 +77,9 @@ class ImportDrift:
     unknown: int  # imports whose target could not be decided (lazy ``__getattr__``, compiled modules)
     unresolved: tuple[UnresolvedImport, ...] = ()
     blocking: tuple[UnresolvedImport, ...] = ()  # the unresolved ones ``import <plugin>`` itself runs
+    # (target, catalogue entry id) for the unresolved targets a vllm_compat bridge provides (``with_bridges``)
+    bridged: tuple[tuple[str, str], ...] = ()
+    early: bool = False  # whether the bridges are in place before ``import <plugin>`` (the startup hook)
 
     @property
     def ok(self) -> bool:
@@ -84,13 +87,35 @@ class ImportDrift:
 
     @property
     def import_ok(self) -> bool:
-        """False when ``import <plugin>`` is bound to fail: an unresolved import sits in a module the
-        package's own ``__init__`` reaches through module-level imports."""
-        return not self.blocking
+        """False when ``import <plugin>`` is bound to fail: an unresolved import that no bridge active before
+        the import provides sits in a module the package's own ``__init__`` reaches through module-level
+        imports."""
+        return not self.still_blocking
 
     @property
     def blocking_names(self) -> list[str]:
+        """Every missing target ``import <plugin>`` reaches, bridged or not (what vLLM lacks)."""
         return sorted({u.target for u in self.blocking})
+
+    def bridged_by(self, target: str) -> str | None:
+        """The catalogue entry id that provides ``target``, or None."""
+        return dict(self.bridged).get(target)
+
+    @property
+    def still_blocking(self) -> tuple[UnresolvedImport, ...]:
+        """The blocking imports left once the bridges act; a bridge counts for ``import <plugin>`` only when
+        it is in place before it (``early``: the startup hook is installed)."""
+        return tuple(u for u in self.blocking if not (self.early and self.bridged_by(u.target)))
+
+    @property
+    def still_blocking_names(self) -> list[str]:
+        return sorted({u.target for u in self.still_blocking})
+
+    def with_bridges(self, provided: dict[str, str], early: bool) -> ImportDrift:
+        """This drift with ``provided`` ({target: entry id}, what the decided bridges provide) matched against
+        the unresolved targets; ``early`` as the field says."""
+        bridged = tuple(sorted((t, provided[t]) for t in {u.target for u in self.unresolved} if t in provided))
+        return dataclasses.replace(self, bridged=bridged, early=early)
 
     @property
     def names(self) -> list[str]:
@@ -107,6 +132,9 @@ class ImportDrift:
             "unknown": self.unknown,
             "names": self.names,
             "blocking_names": self.blocking_names,
+            "still_blocking_names": self.still_blocking_names,
+            "bridged": dict(self.bridged),
+            "early": self.early,
             "unresolved": [u.to_dict() for u in self.unresolved],
             "blocking": [u.to_dict() for u in self.blocking],
         }
@@ -273,16 +301,20 @@ class _Names:
     def __init__(self, tree: SourceTree):
         zf = getattr(tree, "_zip", None)
         self.tree = tree
-        self._zip_names = set(zf.namelist()) if zf is not None else None
+        self._is_zip = zf is not None
         self._dirs: dict[str, set[str]] = {}
+        if zf is not None:  # every directory of the zip indexed in one pass (a scan per directory cost ~0.4 s)
+            for name in zf.namelist():
+                parts = name.split("/")
+                for depth, entry in enumerate(parts):
+                    if entry:
+                        self._dirs.setdefault("/".join(parts[:depth]), set()).add(entry)
 
     def listdir(self, reldir: str) -> set[str]:
         """Entry names directly under ``reldir`` (no trailing slash)."""
         if reldir not in self._dirs:
-            if self._zip_names is not None:
-                prefix = reldir + "/" if reldir else ""
-                self._dirs[reldir] = {n[len(prefix):].split("/", 1)[0] for n in self._zip_names
-                                      if n.startswith(prefix)}
+            if self._is_zip:
+                self._dirs[reldir] = set()  # indexed up front: a directory not seen there does not exist
             else:
                 try:
                     self._dirs[reldir] = set(os.listdir(self.tree.root / reldir))

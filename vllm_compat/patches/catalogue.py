@@ -36,6 +36,12 @@ class PatchEntry:
         return f"{self.target_module}.{self.target}"
 
     @property
+    def provides(self) -> tuple[str, ...]:
+        """The ``module.name`` targets a bridge (any kind but "patch") makes importable; import-drift reports
+        match their unresolved names against these."""
+        return () if self.kind == "patch" else (self.target_path,)
+
+    @property
     def distribution(self) -> str:
         """The distribution that ships the target module ("vllm-omni" for ``vllm_omni.*``)."""
         return self.target_module.split(".", 1)[0].replace("_", "-")
