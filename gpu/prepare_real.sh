@@ -42,9 +42,11 @@ python3 -m pip install -q --no-deps --no-compile --target "$C/build26/site26" "$
 tar -C "$SP26" -cf - --exclude='__pycache__' --exclude='*.so' --exclude='vllm/vllm-rs' \
     --exclude='*.h' --exclude='*.hpp' --exclude='*.cuh' --exclude='*.cu' --exclude='*.inl' \
     vllm vllm-0.26.0.dist-info | tar -C "$C/build26/site26" -xf -
+[ -f "$C/vllm26_so.tar.xz" ] && [ -f "$C/fa3.tar.xz" ] && [ -z "${REBUILD_SO:-}" ] || {
 tar -C "$SP26" -cf - vllm/_C_stable_libtorch.abi3.so vllm/_qutlass_C.abi3.so vllm/cumem_allocator.abi3.so \
     vllm/fs_io_C.abi3.so vllm/spinloop.abi3.so | xz -T0 -6 > "$C/vllm26_so.tar.xz"
 tar -C "$SP26" -cf - vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so | xz -T0 -9 > "$C/fa3.tar.xz"
+}  # kernels: rebuilt only when missing or REBUILD_SO=1
 
 # 3. vllm-omni 0.24.0 whole; vllm-omni 0.30.0's two loader files.
 tar -C "$SP26" -cf - --exclude='__pycache__' vllm_omni vllm_omni-0.24.0.dist-info | tar -C "$C/build26/omni24" -xf -

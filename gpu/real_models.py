@@ -109,9 +109,12 @@ class Env:
         from vllm_omni.diffusion.data import DiffusionParallelConfig, OmniDiffusionConfig
 
         parallel = DiffusionParallelConfig(use_hsdp=hsdp, hsdp_shard_size=1 if hsdp else -1, hsdp_replicate_size=1)
-        od = OmniDiffusionConfig(
+        # SDPA attention: the FA backends need vLLM's FA2 / fa3_fwd builds, which are not carried (and attention
+        # is not what is under test).
+        od = OmniDiffusionConfig.from_kwargs(
             model=str(ckpt), model_class_name=arch, dtype=torch.bfloat16, quantization_config=quant,
             parallel_config=parallel, enable_layerwise_offload=layerwise, num_gpus=1, enforce_eager=True,
+            diffusion_attention_backend="TORCH_SDPA",
         )
         od.enrich_config()  # reads model_index.json + transformer/config.json, as StageDiffusionProc does
         return od
