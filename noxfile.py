@@ -68,6 +68,7 @@ def _cell_env(cell: dict) -> dict:
     if "unresolved" in cell:
         env["VLLM_COMPAT_EXPECT_UNRESOLVED"] = ",".join(cell["unresolved"])
         env["VLLM_COMPAT_EXPECT_BRIDGED"] = ",".join(cell.get("bridged", []))
+        env["VLLM_COMPAT_EXPECT_WORKER_UNRESOLVED"] = ",".join(cell.get("worker_unresolved", []))
     env["VLLM_COMPAT_CELL"] = cell["id"]
     # tests/test_scan.py downloads real wheels (one vLLM wheel, ~300 MB): once for all cells, not per cell.
     env["VLLM_COMPAT_WHEEL_CACHE"] = os.environ.get("VLLM_COMPAT_WHEEL_CACHE", str(ROOT / ".nox" / "wheels"))

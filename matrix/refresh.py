@@ -60,6 +60,7 @@ def measure(vllm_wheel: Path, omni_wheel: Path | None, vllm: str, omni: str | No
     if omni_wheel:
         drift = check_import_drift(omni_tree, vllm_tree)
         result["unresolved"] = drift.blocking_names
+        result["worker_unresolved"] = [n for n in drift.worker_blocking_names if n not in drift.blocking_names]
         result["all_unresolved"] = len(drift.unresolved)
     return result
 
@@ -69,19 +70,23 @@ def _toml_expect(expect: dict) -> str:
 
 
 def rewrite(text: str, cell_id: str, measured: dict) -> str:
-    """Replace the cell's ``expect`` (and ``unresolved``) lines in place; everything else is kept."""
+    """Replace the cell's ``expect`` (and ``unresolved``, ``worker_unresolved``) lines in place; everything else is
+    kept."""
     block = re.search(rf'\[\[cell\]\]\nid = "{re.escape(cell_id)}"\n(?:(?!\[\[cell\]\]).*\n?)*', text)
     if block is None:
         return text
     body = block.group()
     body = re.sub(r"^expect = .*$", f"expect = {_toml_expect(measured['expect'])}", body, flags=re.M)
-    if "unresolved" in measured:
-        line = f"unresolved = {json.dumps(measured['unresolved'])}"
-        if re.search(r"^unresolved = .*$", body, flags=re.M):
-            body = re.sub(r"^unresolved = .*$", line, body, flags=re.M)
+    anchor = f"expect = {_toml_expect(measured['expect'])}\n"
+    for key in ("unresolved", "worker_unresolved"):  # the second goes after the first
+        if key not in measured:
+            continue
+        line = f"{key} = {json.dumps(measured[key])}"
+        if re.search(rf"^{key} = .*$", body, flags=re.M):
+            body = re.sub(rf"^{key} = .*$", line, body, flags=re.M)
         else:
-            body = body.replace(f"expect = {_toml_expect(measured['expect'])}\n",
-                                f"expect = {_toml_expect(measured['expect'])}\n{line}\n")
+            body = body.replace(anchor, f"{anchor}{line}\n")
+        anchor = f"{line}\n"
     return text[: block.start()] + body + text[block.end():]
 
 

@@ -31,19 +31,6 @@ SWEEP_CELL = next(c["id"] for c in CELLS if c.get("default"))
 SWEEP = [c for c in CELLS if c.get("vllm_omni") and (0, 24) <= tuple(map(int, c["vllm"].split(".")[:2])) <= (0, 33)]
 LOADER_ENTRY = "diffusers_loader_meta_device"
 ROUTED = "vllm.v1.outputs.RoutedExpertsLists"
-# Beyond `import vllm_omni`, the check follows the diffusion worker's imports; the matrix's `unresolved` covers the
-# package import only. The names only the worker reaches, per cell (static check of the real wheels; the first two
-# confirmed by importing vllm_omni.diffusion.worker.diffusion_worker in a real env: on vLLM 0.30.0 + vllm-omni 0.24.0
-# "ModuleNotFoundError: No module named 'vllm.inputs.preprocess'", while on 0.26.0 + 0.24.0 it imports).
-_PREPROCESS = ["vllm.inputs.preprocess"]
-_KV_LAYOUT = ["vllm.v1.kv_cache_interface.compute_layout_strides", "vllm.v1.kv_cache_layout"]
-WORKER_ONLY = {
-    "v0.29-omni0.24": _PREPROCESS, "v0.30-omni0.24": _PREPROCESS, "v0.31-omni0.24": _PREPROCESS,
-    "v0.32-omni0.24": _PREPROCESS, "v0.33-omni0.24": _PREPROCESS,
-    **{f"v0.{minor}-omni0.30": _KV_LAYOUT for minor in range(24, 29)},
-    "v0.31-omni0.30": ["vllm.multimodal.processing.processor.MultiModalProcessingInfo"],
-}
-
 sweep_here = pytest.mark.skipif(
     os.environ.get("VLLM_COMPAT_CELL") not in (None, SWEEP_CELL),
     reason=f"the 0.24-0.33 sweep downloads ten vLLM wheels: it runs in nox cell {SWEEP_CELL} only",
@@ -101,11 +88,11 @@ def test_check_agrees_with_the_matrix_cell(capsys, wheel_cache, cell):
     assert (decision["action"], decision["variant"]) == (expect["action"], expect.get("variant"))
     # What the matrix measures: the names `import vllm_omni` reaches that this vLLM lacks (before any bridge).
     assert data["import_drift"]["blocking_names"] == sorted(cell["unresolved"])
-    bridged = set(data["bridged"])
+    bridged = set(data["import_drift"]["bridged"])
     if "bridged" in cell:
         assert sorted(bridged) == sorted(cell["bridged"])
     still_import = [n for n in sorted(cell["unresolved"]) if n not in bridged]
-    still_worker = [n for n in WORKER_ONLY.get(cell["id"], []) if n not in bridged]
+    still_worker = [n for n in cell["worker_unresolved"] if n not in bridged]  # measured by `nox -s refresh`
     assert [b["target"] for b in data["still_blocking"]["import"]] == still_import
     assert [b["target"] for b in data["still_blocking"]["diffusion_worker"]] == still_worker
     if still_import or still_worker:
@@ -146,9 +133,9 @@ def test_screen_and_json_for_vllm_031_with_vllm_omni_024(capsys, wheel_cache):
     assert "still stops diffusion worker: vllm.inputs.preprocess (in vllm_omni.inputs.preprocess:5)" in screen
     code, data = _check(capsys, "vllm==0.31", "vllm_omni==0.24.0")  # "0.31" == "0.31.0", as pip's "==" says
     assert code == 1 and data["verdict"]["kind"] == "will_not_start"
-    assert data["import_drift"]["blocking_names"] == [ROUTED] and data["diffusion_worker"]["found"]
+    assert data["import_drift"]["blocking_names"] == [ROUTED] and data["import_drift"]["worker_module"]
     still = [b["target"] for b in data["still_blocking"]["import"]]
-    assert still == ([] if ROUTED in data["bridged"] else [ROUTED])
+    assert still == ([] if ROUTED in data["import_drift"]["bridged"] else [ROUTED])
     assert {p["name"] for p in data["patches"]} >= {LOADER_ENTRY}  # every catalogue entry, decided
     assert _decision(data)["action"] == "patched"
 

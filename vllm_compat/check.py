@@ -8,9 +8,9 @@ check the doctor uses, in one ``reporting.Report`` -> one screen (or ``--json``)
 natively, works with vllm_compat, or will not start (and why). Nothing is installed; vLLM, vllm-omni and torch
 are never imported.
 
-Beyond the doctor, the check follows vllm-omni's diffusion worker (``WORKER_MODULE``) through its module-level
-imports: a worker that does not import is a worker that does not start, even when ``import vllm_omni`` works
-(vllm-omni 0.24.0 on vLLM 0.29/0.30: ``vllm.inputs.preprocess`` is gone).
+Like the doctor, the check follows vllm-omni's diffusion worker module through its module-level imports
+(``detect.import_drift.WORKERS``): a worker that does not import is a worker that does not start, even when
+``import vllm_omni`` works (vllm-omni 0.24.0 on vLLM 0.29/0.30: ``vllm.inputs.preprocess`` is gone).
 
 Exit codes, as the doctor's: 0 it works (natively or with the shim), 1 it will not start (or a target is
 refused), 2 usage: a version that does not exist, no network, a file that is not a vLLM / vllm-omni wheel.
@@ -27,9 +27,6 @@ from pathlib import Path
 
 from .detect.static import SourceTree
 from .detect.wheels import PACKAGES, WheelError, fetch_wheel, newest_version, normalize_distribution
-
-WORKER_MODULE = "vllm_omni.diffusion.worker.diffusion_worker"  # what a diffusion worker process imports
-
 
 @dataclass(frozen=True)
 class CheckInput:
@@ -143,113 +140,36 @@ def resolve_inputs(specs: list[str], newest: bool = False) -> tuple[CheckInput, 
     return fetch("vllm"), omni
 
 
-# ----------------------------------------------------------------------------------- the worker's imports
-
-
-class _ReadOnce:
-    """A tree whose files are read (and unzipped) once: the walk below asks whether a module exists, then
-    reads its imports."""
-
-    def __init__(self, tree: SourceTree):
-        self.tree = tree
-        self._texts: dict[str, str | None] = {}
-
-    def read(self, relpath: str) -> str | None:
-        if relpath not in self._texts:
-            self._texts[relpath] = self.tree.read(relpath)
-        return self._texts[relpath]
-
-
-def _module_file(tree: _ReadOnce, module: str, cache: dict) -> str | None:
-    if module not in cache:
-        path = module.replace(".", "/")
-        cache[module] = next((rel for rel in (f"{path}.py", f"{path}/__init__.py") if tree.read(rel) is not None),
-                             None)
-    return cache[module]
-
-
-def modules_reached(tree: SourceTree, root: str, plugin: str = "vllm_omni") -> set[str] | None:
-    """Plugin modules that ``import root`` executes: root, its parent packages, and their module-level
-    plugin imports, transitively (the import-drift check's rules for "module level"). None when ``root``
-    is not in the tree."""
-    from .detect.import_drift import plugin_imports
-
-    tree = _ReadOnce(tree)  # plugin_imports() only reads files
-    files: dict = {}
-    if _module_file(tree, root, files) is None:
-        return None
-    reached: set[str] = set()
-    todo = [root]
-    while todo:
-        parts = todo.pop().split(".")
-        for depth in range(1, len(parts) + 1):
-            module = ".".join(parts[:depth])
-            relpath = _module_file(tree, module, files)
-            if module in reached or relpath is None:
-                continue
-            reached.add(module)
-            package = module if relpath.endswith("__init__.py") else module.rpartition(".")[0]
-            for _, level, target, names, context in plugin_imports(tree, relpath, plugin):
-                if context != "module":
-                    continue
-                if level == -1:  # import a.b
-                    todo.extend(n for n in names if n == plugin or n.startswith(plugin + "."))
-                    continue
-                if level:
-                    base = package.split(".")[: len(package.split(".")) - (level - 1)]
-                    target = ".".join(base + ([target] if target else []))
-                if target and (target == plugin or target.startswith(plugin + ".")):
-                    todo.append(target)
-                    todo.extend(f"{target}.{n}" for n in names if n != "*")  # submodules, if they are files
-    return reached
-
-
-def _first_use(unresolved, names: list[str]) -> list[dict]:
-    """Each name with the first importer that reaches it (what to look at)."""
-    out = []
-    for name in names:
-        u = next(u for u in unresolved if u.target == name)
-        out.append({"target": name, "importer": u.importer, "line": u.line, "reason": u.reason})
-    return out
-
-
-def bridged_names(planned, names: list[str]) -> list[str]:
-    """Of the missing vLLM ``names``, those a catalogue entry that provides a name (any kind but "patch": a
-    stand-in, an alias, an adapter) is decided to provide: they no longer stop anything. A missing module
-    counts as bridged when an entry provides a name inside it."""
-    provided = set()
-    for entry, _, decision in planned:
-        if getattr(entry, "kind", "patch") != "patch" and decision.action == "patched":
-            provided.update((entry.target_path, entry.target_module))
-    return [name for name in names if name in provided]
-
-
 # ------------------------------------------------------------------------------------------------ check
+
+
+def _first_use(imports) -> list[dict]:
+    """Each missing name with the first importer that reaches it (what to look at)."""
+    first = {}
+    for u in imports:
+        first.setdefault(u.target, {"target": u.target, "importer": u.importer, "line": u.line, "reason": u.reason})
+    return [first[name] for name in sorted(first)]
 
 
 @dataclass
 class CheckResult:
     vllm: CheckInput
     omni: CheckInput
-    report: object  # reporting.Report
-    worker: dict  # {"module", "found", "names"}
-    still_blocking: dict  # {"import": [...], "diffusion_worker": [...]} with importers
-    bridged: list[str]
-    verdict: object  # reporting.CheckVerdict
+    report: object  # reporting.Report: decisions, import drift with the bridges applied, the verdict
 
     @property
     def exit_code(self) -> int:
-        return self.verdict.exit_code
+        return self.report.exit_code
 
     def to_dict(self) -> dict:
+        drift = self.report.import_drift
         data = self.report.to_dict()
         data["mode"] = "check"
         data["inputs"] = {"vllm": self.vllm.to_dict(), "vllm_omni": self.omni.to_dict()}
-        data["diffusion_worker"] = self.worker
-        data["bridged"] = list(self.bridged)
-        data["still_blocking"] = self.still_blocking
-        data["verdict"] = {"kind": self.verdict.kind, "text": self.verdict.text}
-        data["exit_code"] = self.exit_code
+        data["still_blocking"] = {
+            "import": _first_use(drift.still_blocking if drift else ()),
+            "diffusion_worker": _first_use(drift.still_worker_blocking if drift else ()),
+        }
         return data
 
 
@@ -261,24 +181,11 @@ def run(vllm: CheckInput, omni: CheckInput) -> CheckResult:
     from .reporting import Report
 
     site = StaticSite(vllm.tree, omni.tree, {"vllm": vllm.version, "vllm-omni": omni.version, "torch": None})
-    planned = plan(site, read_controls())
-    drift = site.import_drift
-    report = Report(mode="static", static=site.environment, patches=[d for _, _, d in planned], _import_drift=drift)
-    unresolved = drift.unresolved if drift is not None else ()
-    reached = modules_reached(omni.tree, WORKER_MODULE)
-    worker_names = sorted({u.target for u in unresolved if reached is not None and u.importer in reached})
-    import_names = drift.blocking_names if drift is not None else []
-    bridged = bridged_names(planned, sorted({u.target for u in unresolved}))
-    still_import = [n for n in import_names if n not in bridged]
-    still_worker = [n for n in worker_names if n not in bridged and n not in still_import]
-    verdict = report.check_verdict(still_import, still_worker, bridged)
-    return CheckResult(
-        vllm=vllm, omni=omni, report=report,
-        worker={"module": WORKER_MODULE, "found": reached is not None, "names": worker_names},
-        still_blocking={"import": _first_use(unresolved, still_import),
-                        "diffusion_worker": _first_use(unresolved, still_worker)},
-        bridged=bridged, verdict=verdict,
-    )
+    decisions = [d for _, _, d in plan(site, read_controls())]
+    # A fresh install of vllm_compat puts the startup hook in place, so bridges act before `import vllm_omni`.
+    report = Report(mode="static", static=site.environment, patches=decisions, _import_drift=site.import_drift,
+                    startup_hook=True)
+    return CheckResult(vllm=vllm, omni=omni, report=report)
 
 
 def _where(item: CheckInput) -> str:
@@ -320,17 +227,17 @@ def render(result: CheckResult) -> str:
     elif drift is not None:
         lines += ["", f"  import drift: {len(drift.unresolved)} of vllm-omni's {drift.checked} module-level vLLM "
                       f"imports no longer resolve ({len(drift.names)} distinct name(s))"
-                  + (f", {len(result.bridged)} bridged by vllm_compat" if result.bridged else "")]
-        for label, key in (("import vllm_omni", "import"), ("diffusion worker", "diffusion_worker")):
-            blocking = result.still_blocking[key]
-            if blocking:
-                names = ", ".join(f"{b['target']} (in {b['importer']}:{b['line']})" for b in blocking)
+                  + (f", {len(drift.bridged)} bridged by vllm_compat" if drift.bridged else "")]
+        for label, imports in (("import vllm_omni", drift.still_blocking),
+                               ("diffusion worker", drift.still_worker_blocking)):
+            if imports:
+                names = ", ".join(f"{b['target']} (in {b['importer']}:{b['line']})" for b in _first_use(imports))
                 lines.append(f"    still stops {label}: {names}")
-        if drift.unresolved and not any(result.still_blocking.values()):
-            lines.append("    none of them is reached by `import vllm_omni` or by its diffusion worker")
-        if not result.worker["found"]:
-            lines.append(f"    ({WORKER_MODULE} not found in this vllm-omni: the worker's imports were not followed)")
-    lines += ["", f"  verdict: {result.verdict.text}"]
+        if drift.import_ok and drift.worker_ok:
+            lines.append("    none of them stops `import vllm_omni` or its diffusion worker (bridged or not reached)")
+        if drift.worker_module is None:
+            lines.append("    (this vllm-omni has no diffusion worker module: the worker's imports were not followed)")
+    lines += ["", f"  verdict: {report.verdict().text}"]
     return "\n".join(lines)
 
 

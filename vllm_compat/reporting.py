@@ -16,21 +16,30 @@ class Report:
     runtime: Environment | None = None
     runtime_error: str | None = None
     mismatches: list[str] = field(default_factory=list)
-    # Static import-drift check of vllm-omni against the installed vLLM (detect.import_drift); computed on
-    # first use (~1 s), so header_line() stays cheap. None when vllm-omni or vLLM is absent.
+    # Static import-drift check of vllm-omni against vLLM (detect.import_drift), as found (bridges not applied):
+    # ``...`` means the installed pair, computed on first use (~1 s) so header_line() stays cheap; None when
+    # vllm-omni or vLLM is absent.
     _import_drift: object = field(default=..., repr=False)
+    # Whether bridges are in place before ``import vllm_omni`` (the startup .pth); None: ask this environment.
+    startup_hook: bool | None = None
 
     @property
     def import_drift(self):
+        """The import drift with the decided bridges applied: a bridged name no longer counts, and for
+        ``import vllm_omni`` only when the startup hook puts the bridge in place in time."""
         if self._import_drift is ...:
-            from ._startup import is_installed
-            from .bridges import provided_by_decisions
             from .detect.import_drift import detect_import_drift
 
-            drift = detect_import_drift()
-            # Bridged names no longer count against import; only the startup hook bridges them in time for it.
-            self._import_drift = drift and drift.with_bridges(provided_by_decisions(self.patches), is_installed())
-        return self._import_drift
+            self._import_drift = detect_import_drift()
+        if self._import_drift is None:
+            return None
+        from .bridges import provided_by_decisions
+
+        if self.startup_hook is None:
+            from ._startup import is_installed
+
+            self.startup_hook = is_installed()
+        return self._import_drift.with_bridges(provided_by_decisions(self.patches), self.startup_hook)
 
     @property
     def plugin_will_not_import(self) -> bool:
@@ -42,10 +51,9 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """0 when every target is handled or there is nothing to do; 1 on a refusal, a runtime failure,
-        static and runtime detection disagreeing, or vllm-omni bound to fail on import (import drift)."""
-        refused = any(d.action == "refused" for d in self.patches)
-        return 1 if refused or self.mismatches or self.runtime_error or self.plugin_will_not_import else 0
+        """0 when vllm-omni can start, natively or with the shim (or nothing is installed); 1 when it will not,
+        a target was refused, the runtime check failed, or static and runtime detection disagree."""
+        return self.verdict().exit_code
 
     def to_dict(self) -> dict:
         env = self.environment
@@ -70,6 +78,7 @@ class Report:
             "import_drift": self.import_drift.to_dict() if self.import_drift is not None else None,
             "mismatches": list(self.mismatches),
             "runtime_error": self.runtime_error,
+            "verdict": {"kind": self.verdict().kind, "text": self.verdict().text},
             "exit_code": self.exit_code,
         }
         return data
@@ -123,56 +132,46 @@ class Report:
             lines += ["", f"  runtime: {self.runtime_error}"]
         for mismatch in self.mismatches:
             lines.append(f"  MISMATCH static vs runtime: {mismatch}")
-        lines += ["", f"  verdict: {self._verdict()}"]
+        lines += ["", f"  verdict: {self.verdict().text}"]
         return "\n".join(lines)
 
-    def _verdict(self) -> str:
-        if self.plugin_will_not_import:
-            return (f"FAIL: vllm-omni will not import on this vLLM ({', '.join(self.import_drift.still_blocking_names)} "
-                    "missing); nothing of it can run here, patched or not.")
+    def verdict(self) -> Verdict:
+        """The one verdict doctor and ``check`` print: will vllm-omni's diffusion stage start here, and why.
+
+        Missing vLLM names count once the decided bridges are applied (``import_drift``): first what stops
+        ``import vllm_omni``, then what stops its diffusion worker module; then a failed runtime check, a static /
+        runtime disagreement, a refused target; otherwise it works, with vllm_compat when something is patched or
+        bridged, natively when nothing needs to be."""
+        drift = self.import_drift
+        if drift is not None and not drift.import_ok:
+            return Verdict("will_not_start", 1, (
+                f"WILL NOT START: vllm-omni will not import on this vLLM ({', '.join(drift.still_blocking_names)} "
+                "missing) and vllm_compat has no bridge for it; nothing of it can run here, patched or not."))
+        if drift is not None and not drift.worker_ok:
+            return Verdict("will_not_start", 1, (
+                f"WILL NOT START: vllm-omni imports, but its diffusion worker ({drift.worker_module}) does not "
+                f"({', '.join(drift.still_worker_blocking_names)} missing) and vllm_compat has no bridge for it."))
         if self.runtime_error:
-            return "FAIL: the runtime check could not complete (see above)."
+            return Verdict("failed", 1, "FAIL: the runtime check could not complete (see above).")
         if self.mismatches:
-            return "FAIL: static and runtime detection disagree; please report it with this output."
+            return Verdict("failed", 1, "FAIL: static and runtime detection disagree; please report it with this "
+                           "output.")
         if any(d.action == "refused" for d in self.patches):
-            return "ATTENTION: a target was refused; the worker runs unpatched (see 'why')."
-        return "OK: every target is handled, or there is nothing to do."
-
-    # ---- vllm-compat check (vllm_compat/check.py): a forecast for a vLLM / vllm-omni pair not installed ----
-
-    def check_verdict(self, import_blocking=(), worker_blocking=(), bridged=()) -> CheckVerdict:
-        """The check's verdict from this report's decisions and the missing vLLM names that still stop
-        ``import vllm_omni`` (``import_blocking``) or its diffusion worker (``worker_blocking``) after the
-        ``bridged`` ones. Will not start (1) when anything is still missing; refused (1) when a target was
-        refused (doctor's exit code); else works with vllm_compat (0) when something is patched or bridged,
-        works natively (0) when nothing needs to be; disabled (0) under VLLM_COMPAT_DISABLE."""
-        if import_blocking:
-            return CheckVerdict("will_not_start", 1, (
-                f"WILL NOT START: `import vllm_omni` fails on this vLLM ({', '.join(import_blocking)} missing), "
-                "and vllm_compat has no bridge for it."))
-        if worker_blocking:
-            return CheckVerdict("will_not_start", 1, (
-                f"WILL NOT START: vllm_omni imports, but its diffusion worker does not ({', '.join(worker_blocking)} "
-                "missing), and vllm_compat has no bridge for it."))
-        if any(d.action == "refused" for d in self.patches):
-            return CheckVerdict("refused", 1, (
-                "ATTENTION: vllm-omni imports, but a target has a shape vllm_compat does not recognize and stays "
-                "unpatched (see 'why'); it may fail where the patch would have helped."))
+            return Verdict("refused", 1, "ATTENTION: a target has a shape vllm_compat does not recognize and stays "
+                           "unpatched (see 'why'); it may fail where the patch would have helped.")
         if self.patches and all(d.action == "disabled" for d in self.patches):
-            return CheckVerdict("disabled", 0, (
-                "vllm_compat is disabled (VLLM_COMPAT_DISABLE): nothing would be patched; vllm-omni imports. Unset "
-                "it to see what vllm_compat would do."))
+            return Verdict("disabled", 0, "vllm_compat is disabled (VLLM_COMPAT_DISABLE): nothing is patched. Unset "
+                           "it to see what vllm_compat would do.")
         patched = [d.name for d in self.patches if d.action == "patched"]
-        if patched or bridged:
-            done = [f"patches {', '.join(patched)}"] * bool(patched) + [f"bridges {len(bridged)} name(s)"] * bool(bridged)
-            return CheckVerdict("works_with_vllm_compat", 0, f"WORKS WITH vllm_compat: it {' and '.join(done)}.")
-        return CheckVerdict("works_natively", 0, "WORKS NATIVELY: vllm-omni imports and nothing needs patching.")
+        if patched:
+            return Verdict("works_with_vllm_compat", 0, f"WORKS WITH vllm_compat: it handles {', '.join(patched)}.")
+        return Verdict("works_natively", 0, "WORKS NATIVELY: nothing needs patching (or nothing is installed yet).")
 
 
 @dataclass(frozen=True)
-class CheckVerdict:
-    """``Report.check_verdict``'s answer: kind ("works_natively", "works_with_vllm_compat", "will_not_start",
-    "refused", "disabled"), the exit code and the sentence ``vllm-compat check`` prints."""
+class Verdict:
+    """``Report.verdict``'s answer: kind ("works_natively", "works_with_vllm_compat", "will_not_start",
+    "refused", "failed", "disabled"), the exit code and the sentence doctor and check print."""
 
     kind: str
     exit_code: int

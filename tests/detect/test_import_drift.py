@@ -284,7 +284,7 @@ def test_report_says_the_plugin_will_not_import_and_exits_1():
     assert report.exit_code == 1
     table = report.render_table()
     assert "WILL NOT IMPORT" in table and ROUTED in table and "vllm_omni.core.sched.utils:7" in table
-    assert "FAIL: vllm-omni will not import" in table
+    assert "WILL NOT START: vllm-omni will not import" in table
     assert report.to_dict()["import_drift"]["blocking_names"] == [ROUTED]
     clean = Report(mode="static", static=detect_static(), patches=[],
                    _import_drift=ImportDrift(plugin="vllm_omni", files=1, checked=1, unknown=0))

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from .static import SourceTree, _tree_of
 
 PLUGINS = {"vllm-omni": "vllm_omni"}  # distribution -> top-level package checked against vLLM
+# What a plugin's serving process imports beyond the package: a worker that does not import does not start.
+WORKERS = {"vllm_omni": "vllm_omni.diffusion.worker.diffusion_worker"}
 HOST = "vllm"
 
 _TRIPLE = re.compile(r'"""|\'\'\'')
@@ -77,6 +79,8 @@ class ImportDrift:
     unknown: int  # imports whose target could not be decided (lazy ``__getattr__``, compiled modules)
     unresolved: tuple[UnresolvedImport, ...] = ()
     blocking: tuple[UnresolvedImport, ...] = ()  # the unresolved ones ``import <plugin>`` itself runs
+    worker_module: str | None = None  # the plugin's worker module (``WORKERS``), None when the tree lacks it
+    worker_blocking: tuple[UnresolvedImport, ...] = ()  # the unresolved ones importing the worker runs
     # (target, catalogue entry id) for the unresolved targets a vllm_compat bridge provides (``with_bridges``)
     bridged: tuple[tuple[str, str], ...] = ()
     early: bool = False  # whether the bridges are in place before ``import <plugin>`` (the startup hook)
@@ -111,6 +115,27 @@ class ImportDrift:
     def still_blocking_names(self) -> list[str]:
         return sorted({u.target for u in self.still_blocking})
 
+    @property
+    def worker_blocking_names(self) -> list[str]:
+        """Every missing target the worker module reaches, bridged or not."""
+        return sorted({u.target for u in self.worker_blocking})
+
+    @property
+    def still_worker_blocking(self) -> tuple[UnresolvedImport, ...]:
+        """What still stops the worker module once the bridges act, beyond what already stops the import."""
+        stopped = set(self.still_blocking_names)
+        return tuple(u for u in self.worker_blocking
+                     if u.target not in stopped and not (self.early and self.bridged_by(u.target)))
+
+    @property
+    def still_worker_blocking_names(self) -> list[str]:
+        return sorted({u.target for u in self.still_worker_blocking})
+
+    @property
+    def worker_ok(self) -> bool:
+        """False when the plugin imports but its worker module is bound to fail (unbridged names)."""
+        return not self.still_worker_blocking
+
     def with_bridges(self, provided: dict[str, str], early: bool) -> ImportDrift:
         """This drift with ``provided`` ({target: entry id}, what the decided bridges provide) matched against
         the unresolved targets; ``early`` as the field says."""
@@ -137,6 +162,10 @@ class ImportDrift:
             "early": self.early,
             "unresolved": [u.to_dict() for u in self.unresolved],
             "blocking": [u.to_dict() for u in self.blocking],
+            "worker_module": self.worker_module,
+            "worker_ok": self.worker_ok,
+            "worker_blocking_names": self.worker_blocking_names,
+            "still_worker_blocking_names": self.still_worker_blocking_names,
         }
 
 
@@ -656,17 +685,25 @@ def check_import_drift(plugin_tree: SourceTree, host_tree: SourceTree, plugin: s
                     elif answer == "no":
                         unresolved.append(UnresolvedImport(importer, line, module, name, "name not defined"))
     unresolved = [_name_missing_package(index, u) for u in unresolved]
-    # What ``import <plugin>`` executes: the package, its module-level imports, their parents, and so on.
-    reached, todo = set(), [plugin]
+    worker = WORKERS.get(plugin)
+    worker_reached = _reached(worker, modules, edges) if worker in modules else set()
+    return ImportDrift(plugin=plugin, files=len(files), checked=checked, unknown=unknown,
+                       unresolved=tuple(unresolved),
+                       blocking=tuple(u for u in unresolved if u.importer in _reached(plugin, modules, edges)),
+                       worker_module=worker if worker in modules else None,
+                       worker_blocking=tuple(u for u in unresolved if u.importer in worker_reached))
+
+
+def _reached(root: str, modules: dict, edges: dict) -> set[str]:
+    """What ``import root`` executes: its parent packages, root, their module-level imports, and so on."""
+    reached, todo = set(), [root]
     while todo:
         module = todo.pop()
         for candidate in _parents(module):
             if candidate not in reached and candidate in modules:
                 reached.add(candidate)
                 todo.extend(edges.get(candidate, ()))
-    return ImportDrift(plugin=plugin, files=len(files), checked=checked, unknown=unknown,
-                       unresolved=tuple(unresolved),
-                       blocking=tuple(u for u in unresolved if u.importer in reached))
+    return reached
 
 
 def detect_import_drift(plugin: str = "vllm_omni") -> ImportDrift | None:
