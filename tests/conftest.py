@@ -34,6 +34,8 @@ if OMNI_VERSION is not None and VLLM_VERSION is not None:
 
     _drift = _report().import_drift
     OMNI_IMPORT_BLOCKERS = _drift.still_blocking_names if _drift is not None else []
+# Bridged names `import vllm_omni` needs: it imports only where the startup hook put the bridges in place first.
+OMNI_NEEDS_STARTUP_BRIDGES = bool(OMNI_VERSION and VLLM_VERSION and _drift is not None and _drift.blocking_names)
 _BLOCKED = f"vllm-omni {OMNI_VERSION} will not import on vLLM {VLLM_VERSION}: {', '.join(OMNI_IMPORT_BLOCKERS)} missing"
 needs_omni = pytest.mark.skipif(
     OMNI_VERSION is None or bool(OMNI_IMPORT_BLOCKERS),
