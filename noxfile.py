@@ -1,6 +1,8 @@
 """Test sessions over real vLLM / vllm-omni releases, built from matrix/vllm.toml.
 
     nox -s tests          the default cells (CI)
+    nox -s "cell(ID)"     one matrix cell, any release (`nox -l` lists every cell id)
+    nox -s rotation       CI's rotating share of the other cells (VLLM_COMPAT_ROTATION a run, by commit count)
     nox -s matrix         every cell, one after another, ending with a table (also in matrix/last-run.md)
     nox -s refresh        recompute matrix/vllm.toml's expectations from the real wheels (static scan)
     nox -s lint           ruff
@@ -90,6 +92,13 @@ def tests(session: nox.Session, cell: dict) -> None:
     _run_cell(session, cell)
 
 
+@nox.session(name="cell")
+@nox.parametrize("cell", CELLS, ids=[c["id"] for c in CELLS])
+def one_cell(session: nox.Session, cell: dict) -> None:
+    """Full test suite on one matrix cell, any release: nox -s "cell(v0.31-omni0.24)" (nox -l lists them)."""
+    _run_cell(session, cell)
+
+
 def _junit_counts(path: Path) -> dict:
     try:
         root = ET.parse(path).getroot()
@@ -125,20 +134,19 @@ def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
     row["build"] = "cold" if cold else "warm"
     env = {**os.environ, **_cell_env(cell)}
     session.run(python, "-m", "vllm_compat", "doctor", env=env, external=True, success_codes=[0, 1])
-    doctor = session.run(python, "-m", "vllm_compat", "doctor", "--json", env=env, external=True, silent=True,
-                         success_codes=[0, 1])
+    import subprocess
+
+    # stdout alone: doctor keeps it for the JSON (vLLM's own output goes to stderr), so it parses whole.
+    doctor = subprocess.run([python, "-m", "vllm_compat", "doctor", "--json"], env=env, capture_output=True,
+                            text=True)
     try:
-        data = json.loads(doctor[doctor.index("{"):])  # stderr is merged in: skip any warning before the JSON
+        data = json.loads(doctor.stdout)
         drift = data.get("import_drift")
         patch = data["patches"][0]
         row.update(
             level=data["vllm"]["level"], loader=data["vllm_omni"]["loader_kind"],
             decision=patch["action"] + (f"/{patch['variant']}" if patch["variant"] else ""),
-            drift="-" if drift is None else ("clean" if drift["ok"] else
-                                             f"{len(drift['unresolved'])} unresolved" if drift["import_ok"] else
-                                             "WILL NOT IMPORT: " + ", ".join(n.rsplit(".", 1)[-1] for n in
-                                                                           drift.get("still_blocking_names",
-                                                                                     drift["blocking_names"]))),
+            drift="-" if drift is None else _drift_cell(drift), verdict=data["verdict"]["kind"],
         )
     except (TypeError, ValueError, KeyError, IndexError) as exc:
         row["error"] = f"doctor --json unreadable: {exc}"
@@ -155,8 +163,22 @@ def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
     return row
 
 
+def _drift_cell(drift: dict) -> str:
+    """The matrix table's import-drift column: what vLLM lacks, and what of it still stops vllm-omni."""
+    if drift["ok"]:
+        return "clean"
+    short = lambda names: ", ".join(n.rsplit(".", 1)[-1] for n in names)  # noqa: E731
+    if not drift["import_ok"]:
+        return "WILL NOT IMPORT: " + short(drift["still_blocking_names"])
+    if not drift["worker_ok"]:
+        return f"{len(drift['unresolved'])} unresolved; WORKER WILL NOT START: " + short(
+            drift["still_worker_blocking_names"])
+    bridged = f", bridged: {short(drift['bridged'])}" if drift["bridged"] else ""
+    return f"{len(drift['unresolved'])} unresolved{bridged}"
+
+
 def _render_matrix(rows: list[dict]) -> str:
-    header = ["cell", "level", "loader kind", "decision", "import drift", "tests passed/failed/skipped",
+    header = ["cell", "level", "loader kind", "decision", "import drift", "verdict", "tests passed/failed/skipped",
               "seconds (build+tests)", "result"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
@@ -164,19 +186,14 @@ def _render_matrix(rows: list[dict]) -> str:
         seconds = f"{r.get('build_s', 0):.0f} ({r.get('build', '-')}) + {r.get('test_s', 0):.0f}"
         lines.append("| " + " | ".join([
             r["cell"], r.get("level", "-"), r.get("loader", "-"), r.get("decision", "-"), r.get("drift", "-"),
-            tests, seconds, "ok" if r["ok"] else f"FAIL{': ' + r['error'] if r.get('error') else ''}",
+            r.get("verdict", "-"), tests, seconds, "ok" if r["ok"] else f"FAIL{': ' + r['error'] if r.get('error') else ''}",
         ]) + " |")
     return "\n".join(lines)
 
 
-@nox.session(python=False)
-def matrix(session: nox.Session) -> None:
-    """Full test suite on every matrix cell (or VLLM_COMPAT_CELLS), ending with a table in matrix/last-run.md."""
-    wanted = [c for c in os.environ.get("VLLM_COMPAT_CELLS", "").split(",") if c]
-    unknown = set(wanted) - {c["id"] for c in CELLS}
-    if unknown:
-        session.error(f"unknown cells {sorted(unknown)}; known: {[c['id'] for c in CELLS]}")
-    cells = [c for c in CELLS if not wanted or c["id"] in wanted]
+def _run_matrix(session: nox.Session, cells: list[dict], title: str) -> None:
+    """Each cell in a venv of its own, one after another (deleted afterwards unless VLLM_COMPAT_MATRIX_KEEP=1),
+    ending with a table, also written to matrix/last-run.md after every cell (a long run leaves a partial one)."""
     workdir = ROOT / ".nox" / "matrix-cells"
     workdir.mkdir(parents=True, exist_ok=True)
     keep = os.environ.get("VLLM_COMPAT_MATRIX_KEEP") == "1"
@@ -186,13 +203,46 @@ def matrix(session: nox.Session) -> None:
         rows.append(_matrix_cell(session, cell, workdir))
         if not keep:
             shutil.rmtree(workdir / cell["id"], ignore_errors=True)
-        table = _render_matrix(rows)  # rewritten after every cell: a long run leaves a partial table behind
-        (ROOT / "matrix" / "last-run.md").write_text(
-            f"# nox -s matrix, {time.strftime('%Y-%m-%d %H:%M')}\n\n{table}\n")
+        table = _render_matrix(rows)
+        (ROOT / "matrix" / "last-run.md").write_text(f"# {title}, {time.strftime('%Y-%m-%d %H:%M')}\n\n{table}\n")
     print(table)
     failed = [r["cell"] for r in rows if not r["ok"]]
     if failed:
         session.error(f"cells failed: {', '.join(failed)}")
+
+
+@nox.session(python=False)
+def matrix(session: nox.Session) -> None:
+    """Full test suite on every matrix cell (or VLLM_COMPAT_CELLS), ending with a table in matrix/last-run.md."""
+    wanted = [c for c in os.environ.get("VLLM_COMPAT_CELLS", "").split(",") if c]
+    unknown = set(wanted) - {c["id"] for c in CELLS}
+    if unknown:
+        session.error(f"unknown cells {sorted(unknown)}; known: {[c['id'] for c in CELLS]}")
+    _run_matrix(session, [c for c in CELLS if not wanted or c["id"] in wanted], "nox -s matrix")
+
+
+ROTATING_CELLS = [c for c in CELLS if not c.get("default")]
+
+
+def rotation_share(seed: int, per_run: int) -> list[dict]:
+    """The ``per_run`` non-default cells for submission number ``seed``: consecutive submissions take the next
+    ones, so every cell runs at least once in every ceil(len(ROTATING_CELLS) / per_run) submissions."""
+    start = (seed * per_run) % len(ROTATING_CELLS)
+    return [ROTATING_CELLS[(start + i) % len(ROTATING_CELLS)] for i in range(min(per_run, len(ROTATING_CELLS)))]
+
+
+@nox.session(python=False)
+def rotation(session: nox.Session) -> None:
+    """CI's share of the non-default cells (VLLM_COMPAT_ROTATION cells, default 2), picked by the commit count."""
+    import subprocess
+
+    per_run = int(os.environ.get("VLLM_COMPAT_ROTATION", "2"))
+    seed = os.environ.get("VLLM_COMPAT_ROTATION_SEED") or subprocess.run(
+        ["git", "rev-list", "--count", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "0"
+    cells = rotation_share(int(seed), per_run)
+    session.log(f"rotation {seed}: {', '.join(c['id'] for c in cells)} (every cell once in "
+                f"{-(-len(ROTATING_CELLS) // max(per_run, 1))} submissions)")
+    _run_matrix(session, cells, f"nox -s rotation (seed {seed})")
 
 
 @nox.session
