@@ -546,7 +546,9 @@ def part_meta(env: Env, methods: Methods, archs, repeats: int) -> dict:
     # Same result, shim vs in-tree (and vs unpatched where it ran): output tensors bit for bit.
     same = []
     for (method, arch, kind, layerwise), out in outs.items():
-        if method == "intree030":
+        # Straggler checkpoints: the straggler layers are materialized from uninitialized memory (by vLLM's design),
+        # so their outputs differ between any two loads; those are compared by fingerprint instead.
+        if method == "intree030" or kind != "full":
             continue
         key = ("intree030", arch, kind, layerwise)
         if key in outs:
@@ -580,11 +582,15 @@ def part_hsdp(env: Env, methods: Methods) -> dict:
     report["cases"].append(ref_case)
     fp8 = "fp8" if DEVICE_TYPE == "cuda" else None
     # BF16 (every vLLM linear has UnquantizedLinearMethod, a QuantizeMethodBase): the seed's layerwise_hsdp setup.
-    plan = [(m, None, "full") for m in ("unpatched", "ungated", "apply:no_order", "apply:legacy,no_order", "intree030",
-                                        "apply", "apply:legacy")]
+    # Every "unpatched" case first: vllm_compat must not be imported before them.
+    plan = [("unpatched", None, "full")]
     if fp8:
-        plan += [(m, fp8, "full") for m in ("unpatched", "ungated", "apply:no_order", "intree030", "apply")]
-        plan += [(m, fp8, "stragglers") for m in ("unpatched", "apply:no_order", "intree030", "apply")]
+        plan += [("unpatched", fp8, "full"), ("unpatched", fp8, "stragglers")]
+    plan += [(m, None, "full") for m in ("ungated", "apply:no_order", "apply:legacy,no_order", "intree030", "apply",
+                                         "apply:legacy")]
+    if fp8:
+        plan += [(m, fp8, "full") for m in ("ungated", "apply:no_order", "intree030", "apply")]
+        plan += [(m, fp8, "stragglers") for m in ("apply:no_order", "intree030", "apply")]
     for method, quant, kind in plan:
         if method == "intree030" and methods.intree is None:
             continue

@@ -87,16 +87,25 @@ def hsdp(tmp_path_factory):
 
 
 def test_vllm_runs_its_cuda_platform(meta):
-    assert meta["vllm_platform"] == "CudaPlatform", meta["vllm_platform"]
+    assert "Cuda" in meta["vllm_platform"] and meta["platform"] == "CudaOmniPlatform", (meta["vllm_platform"],
+                                                                                     meta["platform"])
 
 
 @pytest.mark.parametrize("arch", ["GpuCheckQwenImageDiT", "GpuCheckZImageDiT"])
-def test_unpatched_legacy_hits_f_meta_on_stragglers_only(meta, arch):
+def test_unpatched_legacy_hits_f_meta(meta, arch):
     failed = _one(meta, method="unpatched", arch=arch, checkpoint="stragglers", quant="fp8", layerwise_offload=False)
     assert not failed["load"]["ok"] and F_META in failed["load"]["error"], failed["load"]
     assert failed["processing"]["meta_on_entry"], "the stragglers must be on meta when processing starts"
     full = _one(meta, method="unpatched", arch=arch, checkpoint="full", quant="fp8", layerwise_offload=False)
-    assert full["load"]["ok"], full["load"]
+    if arch == "GpuCheckZImageDiT":
+        # No biases: every layer completes while loading, nothing is left on meta.
+        assert full["load"]["ok"], full["load"]
+        return
+    # Qwen-Image's linears have biases; a complete checkpoint still leaves every FP8 linear's weight on meta
+    # (measured on the H200, gpu/results.md), so unpatched 0.24.0 fails on it too.
+    patched = _one(meta, method="apply", arch=arch, checkpoint="full", quant="fp8", layerwise_offload=False)
+    assert not full["load"]["ok"] and F_META in full["load"]["error"], full["load"]
+    assert len(full["processing"]["meta_on_entry"]) == patched["linears"]["fp8_linears"]
 
 
 @pytest.mark.parametrize("arch", ["GpuCheckQwenImageDiT", "GpuCheckZImageDiT"])
@@ -131,16 +140,23 @@ def test_patched_matches_intree_030(meta, arch):
 
 
 def test_layerwise_offload_zimage(meta):
+    """Layerwise CPU offload + online FP8 (load on the GPU, quantize, move back to the CPU): unpatched 0.24.0 dies
+    in F-meta; patched, the load completes with FP8 weights on the CPU and vllm-omni's LayerWiseOffloadBackend
+    takes the model. The forward then fails in vLLM's CUTLASS FP8 GEMM for the shim and for 0.30.0's in-tree method
+    alike (0.24.0's offloader does not restore the FP8 weights' column-major layout): not a loader matter."""
     arch = "GpuCheckZImageDiT"
     failed = _one(meta, method="unpatched", arch=arch, checkpoint="stragglers", layerwise_offload=True)
     assert not failed["load"]["ok"] and F_META in failed["load"]["error"], failed["load"]
     for kind in ("stragglers", "full"):
         case = _one(meta, method="apply", arch=arch, checkpoint=kind, layerwise_offload=True)
         assert case["load"]["ok"], case["load"]
+        assert case["param_devices"] == ["cpu"] and case["meta_after"] == []
         assert case["offload_backend"] == "LayerWiseOffloadBackend", case["offload_backend"]
-        assert case["linears"]["n_not_fp8"] == 0 and "forward_error" not in case, case
-        if kind == "full":
-            assert case["vs_bf16"]["rel_l2"] <= TOL_REL_L2, case["vs_bf16"]
+        assert case["linears"]["n_not_fp8"] == 0 and case["linears"]["fp8_linears"] > 0, case["linears"]
+    shim = _one(meta, method="apply", arch=arch, checkpoint="stragglers", layerwise_offload=True)
+    intree = _one(meta, method="intree030", arch=arch, checkpoint="stragglers", layerwise_offload=True)
+    assert intree["load"]["ok"] and shim["fingerprint"] == intree["fingerprint"]
+    assert shim.get("forward_error", "").split(":")[0] == intree.get("forward_error", "").split(":")[0]
 
 
 def test_load_model_timing_and_memory_recorded(meta):
@@ -162,3 +178,17 @@ def test_hsdp_layerwise_bf16_ungated_reproduces_seed_and_shim_completes(hsdp):
         assert case["vs_bf16"]["max_abs"] == 0.0, (method, case["vs_bf16"])
     ordered = _one(hsdp, method="apply", arch=arch, checkpoint="full", quant=None, hsdp=True)
     assert ordered["processing"]["dtensor_params_on_entry"] == 0, "the order patch processes before sharding"
+
+
+def test_hsdp_fp8_fails_in_fully_shard_for_every_method(hsdp):
+    """HSDP + online FP8 on vLLM 0.26 + vllm-omni 0.24.0: FSDP2 rejects the transposed FP8 weight (vllm-omni 0.24.0's
+    prepare_fp8_layers_for_fsdp knows only Fp8LinearMethod, not vLLM 0.26's Fp8PerTensorOnlineLinearMethod), for
+    every loader method, in-tree 0.30.0's too. With the HSDP load-order patch the weights are processed (stragglers
+    finalized) before that point."""
+    arch = "GpuCheckZImageDiT"
+    for case in _cases(hsdp, arch=arch, quant="fp8", hsdp=True):
+        assert not case["load"]["ok"] and "FSDP does not support non-contiguous parameters" in case["load"]["error"], (
+            case["method"], case["load"])
+    ordered = _one(hsdp, method="apply", arch=arch, checkpoint="stragglers", quant="fp8", hsdp=True)
+    assert ordered["processing"]["calls"] == 1 and ordered["processing"]["meta_on_entry"]
+    assert ordered["processing"]["meta_on_exit"] == [] and ordered["processing"]["dtensor_params_on_entry"] == 0
