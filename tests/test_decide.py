@@ -6,11 +6,11 @@ import pytest
 
 from vllm_compat.config import Controls
 from vllm_compat.decide import Action
+from vllm_compat.detect.model import LoaderKind, LoaderShape, Param, VllmCapabilities
+from vllm_compat.detect.static import detect_static
 from vllm_compat.patches import decide_entry, entry
 
 LOADER = entry("diffusers_loader_meta_device")
-from vllm_compat.detect.model import LoaderKind, LoaderShape, VllmCapabilities, Param
-from vllm_compat.detect.static import detect_static
 
 REAL = detect_static()
 META_VLLM = VllmCapabilities(installed=True, has_uses_meta_device=True, has_layerwise_finalize=True,

@@ -28,6 +28,7 @@ from pathlib import Path
 from .detect.static import SourceTree
 from .detect.wheels import PACKAGES, WheelError, fetch_wheel, newest_version, normalize_distribution
 
+
 @dataclass(frozen=True)
 class CheckInput:
     """One side of the check: which distribution, where its files are and how they were found."""

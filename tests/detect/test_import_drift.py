@@ -302,3 +302,26 @@ def test_doctor_shows_the_drift_of_this_env():
         assert result.returncode == 1
         text = run_python("from vllm_compat.cli import main; raise SystemExit(main(['doctor']))")
         assert "WILL NOT IMPORT" in text.stdout and "will not import" in text.stdout
+
+
+@needs_vllm
+def test_installed_drift_is_cached_by_record_and_equals_a_fresh_check(tmp_path, monkeypatch):
+    """doctor's drift comes from the on-disk cache on the second call: the same result as a fresh check; a
+    corrupted cache file is ignored and rewritten."""
+    from vllm_compat.detect import import_drift as drift_module
+    from vllm_compat.detect.static import _tree_of
+
+    monkeypatch.setenv("VLLM_COMPAT_CACHE_DIR", str(tmp_path))
+    fresh = drift_module.check_import_drift(_tree_of("vllm_omni"), _tree_of("vllm"))
+    first = drift_module.detect_import_drift()
+    assert first == fresh
+    if fresh is None:
+        return  # no vllm-omni: nothing to cache
+    files = list((tmp_path / "drift").glob("*.json"))
+    assert len(files) == 1
+    calls = []
+    monkeypatch.setattr(drift_module, "check_import_drift", lambda *a, **k: calls.append(1) or fresh)
+    assert drift_module.detect_import_drift() == fresh and calls == []  # read back, not recomputed
+    files[0].write_text("{not json")
+    assert drift_module.detect_import_drift() == fresh and calls == [1]  # ignored, recomputed, rewritten
+    assert drift_module.detect_import_drift() == fresh and calls == [1]

@@ -6,7 +6,7 @@ import pytest
 from packaging.version import Version
 
 from conftest import OMNI_VERSION, needs_omni
-from vllm_compat.detect.model import LoaderKind, VllmCapabilities, VllmLevel, classify_loader_source, Param
+from vllm_compat.detect.model import LoaderKind, Param, VllmCapabilities, VllmLevel, classify_loader_source
 from vllm_compat.detect.static import (
     LOADER_CLASS,
     LOADER_METHOD,

@@ -3,9 +3,9 @@
 import pytest
 
 from conftest import needs_vllm, omni_importable_or_absent
+from vllm_compat.detect.model import compare_environments
 from vllm_compat.detect.runtime import detect_runtime
 from vllm_compat.detect.static import detect_static
-from vllm_compat.detect.model import compare_environments
 
 
 @pytest.fixture(scope="module")

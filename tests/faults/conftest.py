@@ -18,7 +18,6 @@ def oq():
 @pytest.fixture(scope="session")
 def deps(oq):
     """What the hook would resolve on this vLLM (finalize where it is compatible)."""
-    from vllm_compat.detect.runtime import probe_vllm
     from vllm_compat.patches.diffusers_loader import resolve_deps
 
     return resolve_deps()

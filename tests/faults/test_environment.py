@@ -350,9 +350,9 @@ FINALIZE_EDITS = {
 @pytest.mark.parametrize("fault", list(FINALIZE_EDITS))
 def test_uses_meta_device_without_a_compatible_finalize_static(tmp_path, fault):
     from vllm_compat.config import Controls
-    from vllm_compat.patches.diffusers_loader import decide
     from vllm_compat.detect.model import LoaderKind, LoaderShape
     from vllm_compat.detect.static import SourceTree, scan_tree
+    from vllm_compat.patches.diffusers_loader import decide
 
     root = _vllm_tree(tmp_path, FINALIZE_EDITS[fault])
     env = scan_tree(SourceTree(root), versions={"vllm": "0.99.0"})

@@ -77,7 +77,10 @@ def main(out: str, world_size: int, rank: int, port: int, checkpoint_dir: str) -
     _record_processing()
     from vllm.config import set_current_vllm_config
     from vllm_omni.diffusion.data import DiffusionParallelConfig, OmniDiffusionConfig
-    from vllm_omni.diffusion.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+    from vllm_omni.diffusion.distributed.parallel_state import (
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
     from vllm_omni.diffusion.model_loader import diffusers_loader as omni_loader
     from vllm_omni.diffusion.worker import diffusion_worker
     from vllm_omni.platforms import current_omni_platform
@@ -213,9 +216,8 @@ def _read_checkpoint(checkpoint_dir: str) -> dict:
 
 def write_checkpoint(checkpoint_dir: Path) -> None:
     """The tiny DiT's checkpoint in the diffusers layout (``transformer/*.safetensors``), from a fixed seed."""
-    from safetensors.torch import save_file
-
     import torch
+    from safetensors.torch import save_file
 
     (checkpoint_dir / "transformer").mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(3)

@@ -44,7 +44,6 @@ def shapes(loader_module):
 
 @pytest.fixture(scope="module")
 def deps():
-    from vllm_compat.detect.runtime import probe_vllm
     from vllm_compat.patches.diffusers_loader import resolve_deps
 
     return resolve_deps()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_online_processing, needs_omni
+from conftest import needs_omni, needs_online_processing
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -85,10 +85,10 @@ def _ranks(runs, scenario):
 
 @needs_omni
 def test_installed_vllm_omni_shape_is_detected_the_same_statically_and_live(order_shape):
+    import importlib
+
     from vllm_compat.detect.runtime import LOADER_MODULE
     from vllm_compat.patches import hsdp_load_order
-
-    import importlib
 
     live = hsdp_load_order.detect_runtime(importlib.import_module(LOADER_MODULE))
     assert hsdp_load_order.compare(order_shape, live) == []

@@ -21,7 +21,16 @@ from typing import Any, NamedTuple
 from ..decide import Action, Decision
 from ..errors import PatchRefusedError
 from ..patches.catalogue import CATALOGUE
-from . import HostKind, StandInFacts, host_lookup, installed_omni_tree, is_ours, omni_importers, provide, withdraw
+from . import (
+    HostKind,
+    StandInFacts,
+    host_lookup,
+    installed_omni_tree,
+    is_ours,
+    omni_importers,
+    provide,
+    withdraw,
+)
 
 ENTRY = next(e for e in CATALOGUE if e.module == __name__)
 NAME = ENTRY.target

@@ -708,5 +708,85 @@ def _reached(root: str, modules: dict, edges: dict) -> set[str]:
 
 def detect_import_drift(plugin: str = "vllm_omni") -> ImportDrift | None:
     """Import drift of the installed ``plugin`` against the installed vLLM; None when either is absent.
-    Reads files only: imports neither."""
-    return check_import_drift(_tree_of(plugin), _tree_of(HOST), plugin)
+    Reads files only: imports neither.
+
+    The result is cached on disk (``drift_cache_dir()``) under a key made of both distributions' ``RECORD``
+    files (path, size, mtime) and this module's own file: installing, upgrading or removing either package, or
+    upgrading vllm_compat, makes a new key. Without a ``RECORD`` (a tree that is not an installed distribution)
+    nothing is cached. A cache that cannot be read or written is ignored."""
+    plugin_tree, host_tree = _tree_of(plugin), _tree_of(HOST)
+    key = _cache_key(plugin_tree, plugin, host_tree)
+    cached = _read_cached(key)
+    if cached is not None:
+        return cached
+    drift = check_import_drift(plugin_tree, host_tree, plugin)
+    if key is not None and drift is not None:
+        _write_cached(key, drift)
+    return drift
+
+
+def drift_cache_dir():
+    """``$VLLM_COMPAT_CACHE_DIR``, else ``$XDG_CACHE_HOME/vllm-compat``, else ``~/.cache/vllm-compat``; ``drift/``."""
+    from pathlib import Path
+
+    base = os.environ.get("VLLM_COMPAT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm-compat")
+    return Path(base) / "drift"
+
+
+def _record_stat(tree: SourceTree, package: str) -> str | None:
+    """``path:size:mtime_ns`` of the RECORD of the distribution that installed ``package`` into ``tree``."""
+    prefix = package + "-"
+    try:
+        entries = os.listdir(tree.root)
+    except OSError:
+        return None
+    for name in sorted(entries):
+        if name.startswith(prefix) and name.endswith(".dist-info"):
+            record = os.path.join(tree.root, name, "RECORD")
+            try:
+                stat = os.stat(record)
+            except OSError:
+                return None
+            return f"{record}:{stat.st_size}:{stat.st_mtime_ns}"
+    return None
+
+
+def _cache_key(plugin_tree: SourceTree, plugin: str, host_tree: SourceTree) -> str | None:
+    import hashlib
+
+    parts = [_record_stat(plugin_tree, plugin), _record_stat(host_tree, HOST)]
+    if None in parts:
+        return None
+    own = os.stat(__file__)
+    parts.append(f"{__file__}:{own.st_size}:{own.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _read_cached(key: str | None) -> ImportDrift | None:
+    if key is None:
+        return None
+    import json
+
+    try:
+        data = json.loads((drift_cache_dir() / f"{key}.json").read_text())
+        lists = ("unresolved", "blocking", "worker_blocking")
+        return ImportDrift(**{k: v for k, v in data.items() if k not in (*lists, "bridged")},
+                           bridged=tuple(tuple(pair) for pair in data["bridged"]),
+                           **{k: tuple(UnresolvedImport(**u) for u in data[k]) for k in lists})
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _write_cached(key: str, drift: ImportDrift) -> None:
+    import json
+    import tempfile
+
+    directory = drift_cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as handle:
+            json.dump(dataclasses.asdict(drift), handle)
+        os.replace(handle.name, directory / f"{key}.json")  # atomic: concurrent doctors never read half a file
+    except OSError:
+        pass

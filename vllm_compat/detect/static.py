@@ -108,7 +108,7 @@ def function_params(func: ast.FunctionDef) -> tuple[Param, ...]:
     params = [Param(a.arg, ParamKind.POSITIONAL, i >= first_defaulted) for i, a in enumerate(positional)]
     if args.vararg is not None:
         params.append(Param(args.vararg.arg, ParamKind.VAR_POSITIONAL))
-    params += [Param(a.arg, ParamKind.KEYWORD_ONLY, d is not None) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    params += [Param(a.arg, ParamKind.KEYWORD_ONLY, d is not None) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
     if args.kwarg is not None:
         params.append(Param(args.kwarg.arg, ParamKind.VAR_KEYWORD))
     return tuple(params)
