@@ -117,4 +117,26 @@ CATALOGUE: tuple[PatchEntry, ...] = (
         serves="vllm-omni 0.24.0 and 0.30.0 on vLLM 0.31-0.33 (vLLM <= 0.30 keeps its own)",
         retire_when="the oldest vllm-omni you support no longer imports vllm.v1.outputs.RoutedExpertsLists",
     ),
+    PatchEntry(
+        id="input_preprocessor",
+        kind="stand-in",
+        module="vllm_compat.bridges.input_preprocessor",
+        target_module="vllm.inputs",
+        target="preprocess",
+        why=(
+            "vLLM 0.29 removed the module vllm.inputs.preprocess (InputPreprocessor, a prompt -> engine-input layer "
+            "over the renderer); vllm-omni 0.24.0 subclasses it in vllm_omni/inputs/preprocess.py, which "
+            "vllm_omni.engine.stage_init_utils imports, so its diffusion worker, executor and stage clients die with "
+            "ModuleNotFoundError on vLLM 0.29+ while `import vllm_omni` works."
+        ),
+        how=(
+            "When vllm.inputs is imported without that submodule and an installed vllm-omni imports it (read from "
+            "its files), register a module object (marked _vllm_compat_stand_in) in sys.modules and on vllm.inputs, "
+            "holding our InputPreprocessor: 0.28's constructor and the helpers vllm-omni calls, each delegating to "
+            "vLLM 0.29+'s renderer. Never replaces vLLM's own."
+        ),
+        upstream="vLLM 0.29.0 removed vllm/inputs/preprocess.py (the renderer, vllm.renderers.BaseRenderer, does it all)",
+        serves="vllm-omni 0.24.0 on vLLM 0.29-0.33 (vLLM <= 0.28 keeps its own; vllm-omni 0.30.0 does not import it)",
+        retire_when="the oldest vllm-omni you support no longer imports vllm.inputs.preprocess (0.30.0 does not)",
+    ),
 )
