@@ -27,7 +27,7 @@ STARTUP_STATE = """
                               "_vllm_compat_callbacks", {})),
         heavy=sorted(m for m in sys.modules if m.split(".")[0] in %r),
     )))
-""" % HEAVY
+""" % HEAVY  # noqa: UP031 - the code below holds braces; % keeps them literal
 
 
 @needs_startup_hook
