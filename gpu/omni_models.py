@@ -178,7 +178,7 @@ def checkpoint_shapes(model: nn.Module, arch: str) -> dict[str, tuple[int, ...]]
                 layer = modules[name.rsplit(".", 1)[0]]
                 sizes = list(layer.output_sizes)
                 assert sum(sizes) == param.shape[0], (name, sizes, param.shape)
-                for shard, size in zip(shards, sizes):
+                for shard, size in zip(shards, sizes, strict=True):
                     out[name.replace(fused, shard)] = (size, *param.shape[1:])
                 break
         else:

@@ -74,7 +74,10 @@ class Env:
     """The diffusion worker's environment, set up as ``DiffusionWorker.init_device`` does (once per process)."""
 
     def __init__(self, *, hsdp: bool):
-        from vllm_omni.diffusion.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+        from vllm_omni.diffusion.distributed.parallel_state import (
+            init_distributed_environment,
+            initialize_model_parallel,
+        )
         from vllm_omni.platforms import current_omni_platform
 
         os.environ.setdefault("MASTER_ADDR", "localhost")
@@ -430,8 +433,7 @@ def load_case(env: Env, methods: Methods, method: str, arch: str, kind: str, *, 
         if deep_check:
             case["vs_checkpoint"] = check_against_checkpoint(pipe, ckpt, arch, skip)
     if layerwise:
-        case["offload_backend"], _ = None, None
-        o, name = capture(lambda: env.enable_offload(od, pipe))
+        o, name = capture(lambda p=pipe: env.enable_offload(od, p))
         case["offload_backend"] = name if o["ok"] else o
         case["param_devices_after_offload_enable"] = sorted({str(p.device) for p in pipe.parameters()})
     if inputs is not None:
@@ -471,14 +473,14 @@ def timed_loads(env, methods, arch, kind, names, repeats) -> dict:
                 rows[name].setdefault("held_mib", held)
         order = order[1:] + order[:1]
     ref = names[0]
-    for name, row in rows.items():
+    for row in rows.values():
         row["median_s"] = statistics.median(row["samples_s"])
         row["min_s"] = min(row["samples_s"])
         row["max_s"] = max(row["samples_s"])
         row["peak_mib_median"] = statistics.median(row["peak_mib"])
         row["ratio_vs_" + ref] = row["median_s"] / statistics.median(rows[ref]["samples_s"])
         row["paired_ratio_vs_" + ref] = statistics.median(
-            a / b for a, b in zip(row["samples_s"], rows[ref]["samples_s"]))
+            a / b for a, b in zip(row["samples_s"], rows[ref]["samples_s"], strict=True))
     return {"arch": arch, "checkpoint": kind, "repeats": repeats, "rows": rows}
 
 
