@@ -10,7 +10,7 @@ are never imported.
 
 Like the doctor, the check follows vllm-omni's diffusion worker module through its module-level imports
 (``detect.import_drift.WORKERS``): a worker that does not import is a worker that does not start, even when
-``import vllm_omni`` works (vllm-omni 0.24.0 on vLLM 0.29/0.30: ``vllm.inputs.preprocess`` is gone).
+``import vllm_omni`` works (vllm-omni 0.24.0 on vLLM 0.29+: a module its worker imports is gone).
 
 Exit codes, as the doctor's: 0 it works (natively or with the shim), 1 it will not start (or a target is
 refused), 2 usage: a version that does not exist, no network, a file that is not a vLLM / vllm-omni wheel.
