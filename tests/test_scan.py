@@ -120,7 +120,10 @@ def test_installed_site_packages_matches_the_doctor(capsys):
     assert profile["vllm"]["version"] == VLLM_VERSION and profile["vllm"]["level"] == doctor["vllm"]["level"]
     if OMNI_VERSION is not None and installed_package_root("vllm_omni") == site:
         assert profile["vllm_omni"]["loader_kind"] == doctor["vllm_omni"]["loader_kind"]
-        assert profile["import_drift"] == doctor["import_drift"]
+        # What vLLM lacks is the same; doctor's view also applies the bridges it decided (scan decides nothing).
+        found = ("plugin", "files", "checked", "unknown", "names", "blocking_names", "worker_module",
+                 "worker_blocking_names", "unresolved", "blocking")
+        assert {k: profile["import_drift"][k] for k in found} == {k: doctor["import_drift"][k] for k in found}
 
 
 def test_missing_paths_are_usage_errors(capsys, tmp_path):
