@@ -139,4 +139,27 @@ CATALOGUE: tuple[PatchEntry, ...] = (
         serves="vllm-omni 0.24.0 on vLLM 0.29-0.33 (vLLM <= 0.28 keeps its own; vllm-omni 0.30.0 does not import it)",
         retire_when="the oldest vllm-omni you support no longer imports vllm.inputs.preprocess (0.30.0 does not)",
     ),
+    PatchEntry(
+        id="engine_startup_launch",
+        kind="adapter",
+        module="vllm_compat.bridges.engine_startup_adapter",
+        target_module="vllm_omni.diffusion.stage_diffusion_proc",
+        target="wait_for_engine_startup",
+        why=(
+            "vLLM 0.28 changed vllm.v1.engine.utils.wait_for_engine_startup from 8 arguments (..., addresses, ..., "
+            "proc_manager, coord_process) to 6 (..., launch: CoreEngineLaunch); vllm-omni 0.24.0's diffusion stage "
+            "(StageDiffusionProcManager._wait_until_started, the default stage startup) calls the old form, so on "
+            "vLLM 0.28+ it raises TypeError."
+        ),
+        how=(
+            "Where vLLM's function takes launch (its source and live signature) and the module calls the 8-argument "
+            "form (its source, read with ast), rebind the module's name to an adapter with the old signature that "
+            "builds the CoreEngineLaunch as vLLM's launch_core_engines does (a proc manager that is not a "
+            "CoreEngineProcManager goes through a view of one, so a dying diffusion process still fails the "
+            "startup) and calls vLLM's function. Uninstall restores the original binding."
+        ),
+        upstream="vLLM 0.28.0 replaced wait_for_engine_startup's addresses / proc_manager / coord_process by launch",
+        serves="vllm-omni 0.24.0 on vLLM 0.28-0.33 (vLLM <= 0.27 takes the old call; vllm-omni 0.30.0 makes the new)",
+        retire_when="the oldest vllm-omni you support calls the 6-argument form (0.30.0 does)",
+    ),
 )
