@@ -3,6 +3,8 @@
 
 Run as ``python -m tests.patches._hsdp_order_worker OUT.json WORLD_SIZE RANK PORT CHECKPOINT_DIR``: online quant,
 then offline quant, in one process; ``VLLM_COMPAT_DISABLE_PATCHES=hsdp_load_order`` gives the unpatched run.
+``HSDP_ORDER_DEVICE=cuda`` runs it on the GPU (``cuda:RANK``, NCCL, vLLM's and vllm-omni's real CUDA platforms)
+instead of the CPU (gloo).
 
 Real parts: vllm-omni's loader (``load_model`` -> ``_load_model_with_hsdp`` -> ``load_weights`` ->
 ``prepare_fp8_layers_for_fsdp`` -> ``apply_hsdp_to_model``), its distributed init and HSDP mesh, vLLM's config
@@ -75,6 +77,8 @@ def main(out: str, world_size: int, rank: int, port: int, checkpoint_dir: str) -
 
     vllm_compat.apply()
     _record_processing()
+    cuda = os.environ.get("HSDP_ORDER_DEVICE") == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     from vllm.config import set_current_vllm_config
     from vllm_omni.diffusion.data import DiffusionParallelConfig, OmniDiffusionConfig
     from vllm_omni.diffusion.distributed.parallel_state import (
@@ -85,10 +89,13 @@ def main(out: str, world_size: int, rank: int, port: int, checkpoint_dir: str) -
     from vllm_omni.diffusion.worker import diffusion_worker
     from vllm_omni.platforms import current_omni_platform
 
-    platform = type(current_omni_platform)
-    platform.get_device_count = classmethod(lambda cls: world_size)
-    platform.set_device = classmethod(lambda cls, device: None)
-    platform.get_torch_device = classmethod(lambda cls, *args: torch.device("cpu"))
+    if cuda:
+        current_omni_platform.set_device(device)
+    else:
+        platform = type(current_omni_platform)
+        platform.get_device_count = classmethod(lambda cls: world_size)
+        platform.set_device = classmethod(lambda cls, device: None)
+        platform.get_torch_device = classmethod(lambda cls, *args: torch.device("cpu"))
     _spy_sharding(omni_loader)
 
     od_config = OmniDiffusionConfig(
@@ -97,19 +104,20 @@ def main(out: str, world_size: int, rank: int, port: int, checkpoint_dir: str) -
         parallel_config=DiffusionParallelConfig(use_hsdp=True, hsdp_shard_size=world_size, hsdp_replicate_size=1),
     )
     # The diffusion worker's own per-process VllmConfig (what DiffusionWorker.init_device sets).
-    vllm_config = diffusion_worker._create_diffusion_worker_vllm_config(torch.device("cpu"), od_config)
+    vllm_config = diffusion_worker._create_diffusion_worker_vllm_config(device, od_config)
     results = {}
     with set_current_vllm_config(vllm_config):
-        init_distributed_environment(world_size=world_size, rank=rank, backend="gloo")
-        initialize_model_parallel(fully_shard_degree=world_size, hsdp_replicate_size=1, backend="gloo")
+        backend = None if cuda else "gloo"  # None: the platform's own (NCCL on CUDA)
+        init_distributed_environment(world_size=world_size, rank=rank, backend=backend)
+        initialize_model_parallel(fully_shard_degree=world_size, hsdp_replicate_size=1, backend=backend)
         for quant in ("online", "offline"):
-            results[quant] = _scenario(omni_loader, od_config, quant == "online")
+            results[quant] = _scenario(omni_loader, od_config, quant == "online", device)
             torch.distributed.barrier()
     results["decisions"] = {d.name: d.action for d in vllm_compat.current_decisions()}
     Path(out).write_text(json.dumps(results))
 
 
-def _scenario(omni_loader, od_config, online: bool) -> dict:
+def _scenario(omni_loader, od_config, online: bool, device) -> dict:
     import torch
     from torch import nn
     from vllm.config.load import LoadConfig
@@ -144,16 +152,16 @@ def _scenario(omni_loader, od_config, online: bool) -> dict:
     loader = loader_class(LoadConfig(), od_config=od_config)
     result = {"load_error": None, "forward_error": None}
     try:
-        pipeline = loader.load_model(load_device="cpu", load_format="custom_pipeline",
-                                     custom_pipeline_name=OrderPipeline, device=torch.device("cpu"))
+        pipeline = loader.load_model(load_device=device.type, load_format="custom_pipeline",
+                                     custom_pipeline_name=OrderPipeline, device=device)
     except Exception as exc:  # noqa: BLE001 - the unpatched run's failure is a result
         result["load_error"] = f"{type(exc).__name__}: {exc}"
     result["order"] = list(ORDER)  # before the reference below adds its own processing
     result["shadows_left"] = sorted(k for k in ("load_weights", "_process_weights_after_loading") if k in vars(loader))
     if result["load_error"] is not None:
         return result
-    x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    with omni_loader.set_default_torch_dtype(od_config.dtype):  # as load_model builds the pipeline
+    x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(device)
+    with omni_loader.set_default_torch_dtype(od_config.dtype), device:  # as load_model builds the pipeline
         reference = build_dit(online)
     load_into(reference, _read_checkpoint(od_config.model))
     unprocessed = reference(x)
