@@ -130,7 +130,7 @@ def section_doctor(py: str, probe_runs: int, doctor_per_probe: int) -> dict:
         "vllm-omni version": d["vllm_omni"]["version"] == p["vllm_omni"],
         "uses_meta_device": caps["has_uses_meta_device"] == p["has_uses_meta_device"],
         "layerwise finalize": caps["has_layerwise_finalize"] == p["has_layerwise_finalize"],
-        "finalize params": list(caps["finalize_params"]) == p["finalize_params"],
+        "finalize params": [f["name"] for f in caps["finalize_params"]] == p["finalize_params"],
         "initialize_online_processing": caps["has_initialize_online_processing"]
         == p["has_initialize_online_processing"],
         "loader kind": d["vllm_omni"]["loader_kind"] == p["loader_kind"],
