@@ -126,3 +126,36 @@ def provided_by_decisions(decisions) -> dict[str, str]:
             continue
         provided.update(dict.fromkeys(patch_entry.provides, patch_entry.id))
     return provided
+
+
+def decide_stand_in(patch_entry, facts: StandInFacts, provided: str, removed_in: str):
+    """The decision table every stand-in shares: pending while vLLM's files cannot tell, skipped where vLLM has
+    ``provided`` (a name or a module), where even its module is gone, or where no installed vllm-omni imports it;
+    patched otherwise. ``removed_in`` names the vLLM release that removed it, for the reason."""
+    from ..decide import Action
+
+    if facts.host == HostKind.ABSENT:
+        return patch_entry.decision(Action.PENDING, "vLLM is not installed; decided when it is imported")
+    if facts.host == HostKind.UNKNOWN:
+        return patch_entry.decision(Action.PENDING, f"{patch_entry.target_module}'s files cannot tell whether it "
+                                    f"has {provided}; decided when it is imported")
+    if facts.host == HostKind.DEFINES:
+        return patch_entry.decision(Action.SKIPPED, f"vLLM has {provided}; its own is used")
+    if facts.host == HostKind.NO_MODULE:
+        return patch_entry.decision(Action.SKIPPED, f"this vLLM has no {patch_entry.target_module} at all; a "
+                                    f"stand-in for {provided} cannot help")
+    if not facts.importers:
+        return patch_entry.decision(Action.SKIPPED, f"vLLM lacks {provided}, but no installed vllm-omni imports it")
+    return patch_entry.decision(Action.PATCHED, f"vLLM lacks {provided} (removed in {removed_in}), and vllm-omni "
+                                f"imports it ({', '.join(facts.importers)}); provided by a stand-in")
+
+
+def compare_stand_in(static: StandInFacts, runtime: StandInFacts, provided: str) -> list[str]:
+    """Static against runtime facts of a stand-in (an absent vLLM on either side is no disagreement)."""
+    differences = []
+    if static.host != runtime.host and HostKind.ABSENT not in (static.host, runtime.host):
+        differences.append(f"{provided}: vLLM {static.host} (files) != {runtime.host} (imported)")
+    if static.importers != runtime.importers:
+        differences.append(f"vllm-omni importers of {provided}: {list(static.importers)} != "
+                           f"{list(runtime.importers)}")
+    return differences

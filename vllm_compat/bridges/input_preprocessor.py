@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import sys
 
-from ..decide import Action, Decision
+from ..decide import Decision
 from ..errors import PatchRefusedError
 from ..patches.catalogue import CATALOGUE
 from . import (
     MARK,
     HostKind,
     StandInFacts,
+    compare_stand_in,
+    decide_stand_in,
     host_lookup,
     installed_omni_tree,
     is_ours,
@@ -159,20 +161,7 @@ def detect_runtime(module) -> StandInFacts:
 
 
 def decide(facts: StandInFacts, controls) -> Decision:
-    if facts.host == HostKind.ABSENT:
-        return ENTRY.decision(Action.PENDING, "vLLM is not installed; decided when it is imported")
-    if facts.host == HostKind.UNKNOWN:
-        return ENTRY.decision(Action.PENDING, f"{ENTRY.target_module}'s files cannot tell whether it has "
-                              f"{MODULE}; decided when it is imported")
-    if facts.host == HostKind.DEFINES:
-        return ENTRY.decision(Action.SKIPPED, f"vLLM has {MODULE}; its own is used")
-    if facts.host == HostKind.NO_MODULE:
-        return ENTRY.decision(Action.SKIPPED, f"this vLLM has no {ENTRY.target_module} at all; a stand-in for "
-                              f"{MODULE} cannot help")
-    if not facts.importers:
-        return ENTRY.decision(Action.SKIPPED, f"vLLM lacks {MODULE}, but no installed vllm-omni imports it")
-    return ENTRY.decision(Action.PATCHED, f"vLLM lacks {MODULE} (removed in 0.29), and vllm-omni imports it "
-                          f"({', '.join(facts.importers)}); provided by a stand-in module")
+    return decide_stand_in(ENTRY, facts, MODULE, removed_in="0.29")
 
 
 def locate(module):
@@ -214,12 +203,7 @@ def in_place(owner):
 
 
 def compare(static: StandInFacts, runtime: StandInFacts) -> list[str]:
-    differences = []
-    if static.host != runtime.host and HostKind.ABSENT not in (static.host, runtime.host):
-        differences.append(f"{MODULE}: vLLM {static.host} (files) != {runtime.host} (imported)")
-    if static.importers != runtime.importers:
-        differences.append(f"vllm-omni importers of {MODULE}: {list(static.importers)} != {list(runtime.importers)}")
-    return differences
+    return compare_stand_in(static, runtime, MODULE)
 
 
 def facts_dict(facts: StandInFacts) -> dict:

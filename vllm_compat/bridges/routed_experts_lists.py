@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..decide import Action, Decision
+from ..decide import Decision
 from ..errors import PatchRefusedError
 from ..patches.catalogue import CATALOGUE
 from . import (
     HostKind,
     StandInFacts,
+    compare_stand_in,
+    decide_stand_in,
     host_lookup,
     installed_omni_tree,
     is_ours,
@@ -59,20 +61,7 @@ def detect_runtime(module) -> StandInFacts:
 
 
 def decide(facts: StandInFacts, controls) -> Decision:
-    if facts.host == HostKind.ABSENT:
-        return ENTRY.decision(Action.PENDING, "vLLM is not installed; decided when it is imported")
-    if facts.host == HostKind.UNKNOWN:
-        return ENTRY.decision(Action.PENDING, f"{ENTRY.target_module}'s files cannot tell whether it defines "
-                              f"{NAME}; decided when it is imported")
-    if facts.host == HostKind.DEFINES:
-        return ENTRY.decision(Action.SKIPPED, f"vLLM defines {ENTRY.target_path}; its own is used")
-    if facts.host == HostKind.NO_MODULE:
-        return ENTRY.decision(Action.SKIPPED, f"this vLLM has no {ENTRY.target_module} at all; a stand-in for "
-                              f"{NAME} cannot help")
-    if not facts.importers:
-        return ENTRY.decision(Action.SKIPPED, f"vLLM lacks {NAME}, but no installed vllm-omni imports it")
-    return ENTRY.decision(Action.PATCHED, f"vLLM lacks {ENTRY.target_path} (removed in 0.31), and vllm-omni "
-                          f"imports it ({', '.join(facts.importers)}); provided by a stand-in")
+    return decide_stand_in(ENTRY, facts, ENTRY.target_path, removed_in="0.31")
 
 
 def locate(module):
@@ -100,12 +89,7 @@ def in_place(owner):
 
 
 def compare(static: StandInFacts, runtime: StandInFacts) -> list[str]:
-    differences = []
-    if static.host != runtime.host and HostKind.ABSENT not in (static.host, runtime.host):
-        differences.append(f"{ENTRY.target_path}: vLLM {static.host} (files) != {runtime.host} (imported)")
-    if static.importers != runtime.importers:
-        differences.append(f"vllm-omni importers of {NAME}: {list(static.importers)} != {list(runtime.importers)}")
-    return differences
+    return compare_stand_in(static, runtime, ENTRY.target_path)
 
 
 def facts_dict(facts: StandInFacts) -> dict:
