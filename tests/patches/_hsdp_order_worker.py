@@ -148,12 +148,20 @@ def _scenario(omni_loader, od_config, online: bool, device) -> dict:
                 loaded.add(name)
             return loaded
 
+    # Registered with vllm-omni's out-of-tree API and loaded as load_format="default", the way a served model is:
+    # built under the device context (load_format="custom_pipeline" would build it on the CPU and then call
+    # model.to(device), which no model holding online-quant meta weights survives on a GPU).
+    from vllm_omni.diffusion.registry import register_diffusion_model
+
+    arch = f"HsdpOrder{'Online' if online else 'Offline'}Pipeline"
+    setattr(sys.modules["__main__"], arch, OrderPipeline)
+    register_diffusion_model(arch, "__main__", arch)
+    od_config.model_class_name = arch
     ORDER.clear()
     loader = loader_class(LoadConfig(), od_config=od_config)
     result = {"load_error": None, "forward_error": None}
     try:
-        pipeline = loader.load_model(load_device=device.type, load_format="custom_pipeline",
-                                     custom_pipeline_name=OrderPipeline, device=device)
+        pipeline = loader.load_model(load_device=device.type, load_format="default", device=device)
     except Exception as exc:  # noqa: BLE001 - the unpatched run's failure is a result
         result["load_error"] = f"{type(exc).__name__}: {exc}"
     result["order"] = list(ORDER)  # before the reference below adds its own processing
