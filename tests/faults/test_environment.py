@@ -109,7 +109,7 @@ sys.meta_path.insert(0, Broken())
     out = result_of(run_python(blocker + REPORT.replace('"--runtime" in sys.argv', "True")))
     drift = out["static"]["import_drift"]
     # static detection reads files only: unaffected (1 only where vllm-omni cannot import on this vLLM anyway)
-    assert out["static_code"] == (1 if drift is not None and not drift["import_ok"] else 0)
+    assert out["static_code"] == (1 if drift is not None and not (drift["import_ok"] and drift["worker_ok"]) else 0)
     assert out["static"]["vllm"]["version"] == VLLM_VERSION and out["static"]["vllm"]["level"] != "unknown"
     assert out["apply"] == ["pending"] and "vllm" not in out["modules_after_static"]
     assert out["runtime_code"] == 1
@@ -146,7 +146,13 @@ def test_vllm_distribution_metadata_missing(tmp_path):
     site = _support.isolated_site(tmp_path / "site", exclude_dist=("vllm",))
     out = result_of(run_isolated(REPORT, site))
     real = result_of(run_python(REPORT))
-    assert out["static_code"] == real["static_code"]
+    drift = real["static"]["import_drift"]
+    if drift and drift["bridged"]:
+        # `python -S` reads no .pth: the startup hook that puts those bridges in place before vllm-omni (and its
+        # worker) import is absent there, so the verdict may differ; the detection below may not.
+        assert out["static"]["import_drift"]["early"] is False and drift["early"] is True
+    else:
+        assert out["static_code"] == real["static_code"]
     assert out["static"]["vllm"]["version"] is None and out["static"]["vllm"]["tested"] is None
     # the files are there: capabilities and the decision are those of the real install
     assert out["static"]["vllm"]["capabilities"] == real["static"]["vllm"]["capabilities"]
