@@ -52,7 +52,13 @@ STARTUP_TIMEOUT_S = 60  # a startup that is still waiting by then would wait for
 def caller():
     """The vllm-omni module that calls vLLM's function (imported once: ~1 min on this machine), with
     vllm_compat applied (the startup hook did already where it is installed)."""
-    module = importlib.import_module(CALLER)
+    try:
+        module = importlib.import_module(CALLER)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] in ("vllm", "vllm_omni"):
+            raise  # a vLLM / vllm-omni name missing is this project's business: fail
+        pytest.skip(f"{CALLER} does not import in this env for a reason outside vLLM and vllm-omni: {exc} "
+                    "(the matrix uninstalls torchvision, which PyPI builds for another torch)")
     vllm_compat.apply()
     return module
 
