@@ -100,7 +100,7 @@ def test_shapes_the_adapter_does_not_know_are_unknown():
     """Shapes no release has (so written here): another signature, a launch the body uses beyond what the adapter
     fills, calls by unpacking or with mixed shapes."""
     def callee(source):
-        return adapter._callee_from_module_source(source)[0]
+        return adapter.callee_from_module_source(source)[0]
 
     launch_cls = ("class CoreEngineLaunch:\n    engine_manager: object\n    coordinator: object\n"
                   "    addresses: object\n    tensor_queue: object\n")

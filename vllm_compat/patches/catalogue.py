@@ -162,4 +162,50 @@ CATALOGUE: tuple[PatchEntry, ...] = (
         serves="vllm-omni 0.24.0 on vLLM 0.28-0.33 (vLLM <= 0.27 takes the old call; vllm-omni 0.30.0 makes the new)",
         retire_when="the oldest vllm-omni you support calls the 6-argument form (0.30.0 does)",
     ),
+    PatchEntry(
+        id="engine_zmq_addresses",
+        kind="stand-in",
+        module="vllm_compat.bridges.engine_zmq_addresses",
+        target_module="vllm.v1.engine.utils",
+        target="get_engine_zmq_addresses",
+        why=(
+            "vLLM 0.32 replaced get_engine_zmq_addresses(vllm_config, num_api_servers=1, *, defer_api_server_ports="
+            "True) -> EngineZmqAddresses by get_engine_zmq_bind_addresses(vllm_config, num_api_servers=1) -> "
+            "EngineZmqBindAddresses (inputs / outputs only); vllm-omni 0.24.0 and 0.30.0 import the old name at module "
+            "level in vllm_omni/engine/stage_engine_startup.py (LLM stage replicas, remote engines), so that module "
+            "dies with ImportError on vLLM 0.32+."
+        ),
+        how=(
+            "When vllm.v1.engine.utils is imported without the name, an installed vllm-omni imports it (read from "
+            "its files), its calls pass only vllm_config / num_api_servers, and the 0.32+ function and both address "
+            "classes have the measured shapes, set our function there (marked _vllm_compat_stand_in): vLLM's "
+            "get_engine_zmq_bind_addresses, looked up at each call, copied into vLLM's EngineZmqAddresses (what the "
+            "old function returned with its default deferred ports). Never replaces vLLM's own."
+        ),
+        upstream="vLLM 0.32.0 replaced get_engine_zmq_addresses by get_engine_zmq_bind_addresses (frontend binds)",
+        serves="vllm-omni 0.24.0 on vLLM 0.32-0.33 (vLLM <= 0.31 keeps its own; 0.30.0 imports it too, but does not "
+        "install with vLLM >= 0.32)",
+        retire_when="the oldest vllm-omni you support no longer imports vllm.v1.engine.utils.get_engine_zmq_addresses",
+    ),
+    PatchEntry(
+        id="stage_engine_startup_launch",
+        kind="adapter",
+        module="vllm_compat.bridges.stage_engine_startup_adapter",
+        target_module="vllm_omni.engine.stage_engine_startup",
+        target="wait_for_engine_startup",
+        why=(
+            "The same vLLM 0.28 change as engine_startup_launch (8 arguments -> 6 with launch: CoreEngineLaunch), "
+            "in vllm-omni 0.24.0's other caller module: launch_stage_replica (colocated and master-registered LLM "
+            "stage replicas, the default LLM stage startup), connect_remote_engine_cores and "
+            "connect_remote_diffusion_proc make the old call, so on vLLM 0.28+ they raise TypeError."
+        ),
+        how=(
+            "As engine_startup_launch (one shared adapter, bridges._engine_startup_call): where vLLM's function takes "
+            "launch and the module's calls are all the 8-argument form, rebind the module's name to the old-signature "
+            "adapter that builds the CoreEngineLaunch and calls vLLM's function; uninstall restores the binding."
+        ),
+        upstream="vLLM 0.28.0 replaced wait_for_engine_startup's addresses / proc_manager / coord_process by launch",
+        serves="vllm-omni 0.24.0 on vLLM 0.28-0.33 (vLLM <= 0.27 takes the old call; vllm-omni 0.30.0 makes the new)",
+        retire_when="the oldest vllm-omni you support calls the 6-argument form (0.30.0 does)",
+    ),
 )
