@@ -5,6 +5,7 @@
     nox -s rotation       CI's rotating share of the other cells (VLLM_COMPAT_ROTATION a run, by commit count)
     nox -s matrix         every cell, one after another, ending with a table (also in matrix/last-run.md)
     nox -s refresh        recompute matrix/vllm.toml's expectations from the real wheels (static scan)
+    nox -s native         record each vllm-omni's diffusion path on its own vLLM (matrix/native/, checked in)
     nox -s lint           ruff
     nox -s bench          benchmarks (bench/run.py), off by default
 
@@ -40,24 +41,30 @@ DEFAULT_CELLS = [c for c in CELLS if c.get("default")]
 BROKEN_BESIDE_CPU_TORCH = ["torchvision", "torchaudio", "torchcodec"]
 
 
-def _torch_override_args(session: nox.Session) -> list[str]:
+def _override_args(session: nox.Session, cell: dict) -> list[str]:
+    """uv's --override file: the CPU torch (unless VLLM_COMPAT_TORCH=pinned) and the cell's own ``overrides``
+    (resolver conflicts between a vLLM and a vllm-omni, each with its reason in matrix/vllm.toml)."""
     torch = os.environ.get("VLLM_COMPAT_TORCH", "2.13.0")
-    if torch == "pinned":
-        return []
-    overrides = Path(session.create_tmp()) / "torch-override.txt"
-    overrides.write_text(f"torch=={torch}\n")
-    args = ["--override", str(overrides), "--index-strategy", "unsafe-best-match"]
-    find_links = os.environ.get("VLLM_COMPAT_FIND_LINKS", "/opt/wheels")
-    if Path(find_links).exists():
-        args += ["--find-links", find_links]
-    return args
+    lines = list(cell.get("overrides", []))
+    args = []
+    if torch != "pinned":
+        lines.append(f"torch=={torch}")
+        args += ["--index-strategy", "unsafe-best-match"]
+        find_links = os.environ.get("VLLM_COMPAT_FIND_LINKS", "/opt/wheels")
+        if Path(find_links).exists():
+            args += ["--find-links", find_links]
+    if not lines:
+        return args
+    overrides = Path(session.create_tmp()) / f"overrides-{cell['id']}.txt"
+    overrides.write_text("".join(f"{line}\n" for line in lines))
+    return ["--override", str(overrides), *args]
 
 
 def _install_cell(session: nox.Session, cell: dict) -> None:
     packages = [f"vllm=={cell['vllm']}"]
     if cell.get("vllm_omni"):
         packages.append(f"vllm-omni=={cell['vllm_omni']}")
-    session.install(*packages, "-e", ".[test]", *_torch_override_args(session))
+    session.install(*packages, "-e", ".[test]", *_override_args(session, cell))
     if os.environ.get("VLLM_COMPAT_TORCH", "2.13.0") != "pinned":
         session.run("uv", "pip", "uninstall", "--python", session.virtualenv.location, *BROKEN_BESIDE_CPU_TORCH,
                     silent=True)
@@ -123,7 +130,7 @@ def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
             session.run("uv", "venv", "-q", "-p", "3.11", str(venv), external=True)
         packages = [f"vllm=={cell['vllm']}"] + ([f"vllm-omni=={cell['vllm_omni']}"] if cell.get("vllm_omni") else [])
         session.run("uv", "pip", "install", "-q", "-p", python, *packages, "-e", ".[test]",
-                    *_torch_override_args(session), external=True)
+                    *_override_args(session, cell), external=True)
         if os.environ.get("VLLM_COMPAT_TORCH", "2.13.0") != "pinned":
             session.run("uv", "pip", "uninstall", "-q", "-p", python, *BROKEN_BESIDE_CPU_TORCH, external=True,
                         silent=True)
@@ -132,7 +139,9 @@ def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
         return row
     row["build_s"] = time.monotonic() - started
     row["build"] = "cold" if cold else "warm"
-    env = {**os.environ, **_cell_env(cell)}
+    diffusion_path = workdir / f"{cell['id']}.diffusion-path.json"
+    diffusion_path.unlink(missing_ok=True)
+    env = {**os.environ, **_cell_env(cell), "VLLM_COMPAT_DIFFUSION_PATH_OUT": str(diffusion_path)}
     session.run(python, "-m", "vllm_compat", "doctor", env=env, external=True, success_codes=[0, 1])
     import subprocess
 
@@ -160,7 +169,22 @@ def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
         pass
     row["test_s"] = time.monotonic() - test_started
     row.update(_junit_counts(junit))
+    row["diffusion_path"] = _diffusion_path_cell(cell, diffusion_path)
     return row
+
+
+def _diffusion_path_cell(cell: dict, summary: Path) -> str:
+    """The matrix table's "diffusion path" column, from tests/bridges/test_diffusion_path.py's summary."""
+    if not cell.get("vllm_omni"):
+        return "-"
+    try:
+        data = json.loads(summary.read_text())
+    except (OSError, ValueError):
+        return "not run (see the test's skip reason)"
+    if not data["diffs"]:
+        return f"native-equal ({data['native']})"
+    more = f" (+{len(data['diffs']) - 1} more)" if len(data["diffs"]) > 1 else ""
+    return f"differs: {data['diffs'][0]}{more}"
 
 
 def _drift_cell(drift: dict) -> str:
@@ -178,15 +202,15 @@ def _drift_cell(drift: dict) -> str:
 
 
 def _render_matrix(rows: list[dict]) -> str:
-    header = ["cell", "level", "loader kind", "decision", "import drift", "verdict", "tests passed/failed/skipped",
-              "seconds (build+tests)", "result"]
+    header = ["cell", "level", "loader kind", "decision", "import drift", "verdict", "diffusion path",
+              "tests passed/failed/skipped", "seconds (build+tests)", "result"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         tests = f"{r.get('passed', 0)}/{r.get('failed', 0)}/{r.get('skipped', 0)}" if "passed" in r else "-"
         seconds = f"{r.get('build_s', 0):.0f} ({r.get('build', '-')}) + {r.get('test_s', 0):.0f}"
         lines.append("| " + " | ".join([
             r["cell"], r.get("level", "-"), r.get("loader", "-"), r.get("decision", "-"), r.get("drift", "-"),
-            r.get("verdict", "-"), tests, seconds, "ok" if r["ok"] else f"FAIL{': ' + r['error'] if r.get('error') else ''}",
+            r.get("verdict", "-"), r.get("diffusion_path", "-"), tests, seconds, "ok" if r["ok"] else f"FAIL{': ' + r['error'] if r.get('error') else ''}",
         ]) + " |")
     return "\n".join(lines)
 
@@ -243,6 +267,19 @@ def rotation(session: nox.Session) -> None:
     session.log(f"rotation {seed}: {', '.join(c['id'] for c in cells)} (every cell once in "
                 f"{-(-len(ROTATING_CELLS) // max(per_run, 1))} submissions)")
     _run_matrix(session, cells, f"nox -s rotation (seed {seed})")
+
+
+NATIVE_CELLS = [c for c in CELLS if c.get("native")]
+
+
+@nox.session(name="native")
+@nox.parametrize("cell", NATIVE_CELLS, ids=[c["id"] for c in NATIVE_CELLS])
+def native(session: nox.Session, cell: dict) -> None:
+    """Record what each vllm-omni release's diffusion path does on its own vLLM (matrix/native/, checked in):
+    the reference tests/bridges/test_diffusion_path.py holds every other cell to."""
+    _install_cell(session, cell)
+    out = ROOT / "matrix" / "native" / f"vllm-omni-{cell['vllm_omni']}.json"
+    session.run("python", "-m", "tests.support.diffusion_path", str(out), env={"VLLM_COMPAT_CELL": cell["id"]})
 
 
 @nox.session

@@ -4,7 +4,7 @@
                                      python -m gpu.real_models OUT.json --part hsdp      (Z-Image HSDP + layerwise)
 
 vLLM 0.26.0 on its CUDA platform (its compiled ``_C_stable_libtorch``), vllm-omni 0.24.0 whole, vllm-omni 0.30.0's
-in-tree loader method compiled out of its file (0.30.0 does not import on vLLM 0.26). Models: gpu/omni_models.py.
+in-tree loader method compiled out of its file (0.30.0 does not import on vLLM 0.26). Models: tests/support/omni_models.py.
 Every load is vllm-omni 0.24.0's ``DiffusersPipelineLoader.load_model`` (what ``DiffusionModelRunner.load_model``
 calls), under the worker's vLLM config and forward context; only the class's ``_process_weights_after_loading`` is
 swapped per method:
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from gpu import omni_models as om
+from tests.support import omni_models as om
 
 METHOD = "_process_weights_after_loading"
 CKPT_ROOT = Path(os.environ.get("GPU_CHECK_CKPT", "/tmp/vc_ckpt"))

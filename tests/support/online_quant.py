@@ -67,6 +67,8 @@ __all__ = [
     "Straggler",
     "CpuFp8OnlineMethod",
     "CpuFp8OfflineMethod",
+    "CpuFp8OnlineLinearMethod",
+    "cpu_fp8_online_config",
     "QuantLinear",
     "Block",
     "TinyDiT",
@@ -195,6 +197,67 @@ class CpuFp8OfflineMethod(_CpuFp8MethodBase):
     """Same FP8 processing without meta weights ("no online quant" models)."""
 
     uses_meta_device = False
+
+
+class CpuFp8OnlineLinearMethod(CpuFp8OnlineMethod):
+    """The online double behind vLLM's own linear layers (``QKVParallelLinear``, ``RowParallelLinear``, ...), as
+    a real model builds them: ``create_weights`` takes vLLM's ``LinearMethodBase`` arguments and registers the
+    weight the way vLLM's online FP8 linear methods do (on ``meta``, the layer's own ``weight_loader``, then
+    ``initialize_online_processing``); processing and ``apply`` are the CPU FP8 double's."""
+
+    def create_weights(  # type: ignore[override]
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        from vllm.model_executor.parameter import ModelWeightParameter
+
+        weight = ModelWeightParameter(
+            data=torch.empty(sum(output_partition_sizes), input_size_per_partition, device="meta",
+                             dtype=params_dtype),
+            input_dim=1, output_dim=0, weight_loader=extra_weight_attrs.pop("weight_loader"),
+        )
+        layer.register_parameter("weight", weight)
+        for key, value in extra_weight_attrs.items():
+            setattr(weight, key, value)
+        if initialize_online_processing is not None:
+            initialize_online_processing(layer)
+
+
+def cpu_fp8_online_config():
+    """A vLLM ``QuantizationConfig`` that gives every vLLM linear layer :class:`CpuFp8OnlineLinearMethod`: what a
+    model gets from ``quantization="fp8"`` on a BF16 checkpoint, with a method that runs on a CPU."""
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+
+    class CpuFp8OnlineConfig(QuantizationConfig):
+        def get_name(self):
+            return "cpu_fp8_online_double"
+
+        def get_supported_act_dtypes(self):
+            return [torch.bfloat16, torch.float16, torch.float32]
+
+        @classmethod
+        def get_min_capability(cls):
+            return 0
+
+        @staticmethod
+        def get_config_filenames():
+            return []
+
+        @classmethod
+        def from_config(cls, config):
+            return cls()
+
+        def get_quant_method(self, layer, prefix):
+            return CpuFp8OnlineLinearMethod() if isinstance(layer, LinearBase) else None
+
+    return CpuFp8OnlineConfig()
 
 
 # --------------------------------------------------------------------------

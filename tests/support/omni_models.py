@@ -61,11 +61,12 @@ ZIMAGE_CONFIG = {
     "axes_dims": [32, 48, 48],
     "axes_lens": [1024, 512, 512],
 }
-# Tiny sizes for a CPU dry run of the harness (GPU_CHECK_TINY=1).
+# Tiny sizes (GPU_CHECK_TINY=1): the CPU dry run of the harness and the matrix's diffusion-path record; three
+# blocks, so that both stragglers (in blocks 1 and 2) exist.
 TINY = {
-    QWEN_ARCH: {"num_layers": 2, "attention_head_dim": 32, "num_attention_heads": 2, "joint_attention_dim": 64,
+    QWEN_ARCH: {"num_layers": 3, "attention_head_dim": 32, "num_attention_heads": 2, "joint_attention_dim": 64,
                 "axes_dims_rope": [8, 12, 12]},
-    ZIMAGE_ARCH: {"dim": 64, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2, "cap_feat_dim": 32,
+    ZIMAGE_ARCH: {"dim": 64, "n_layers": 3, "n_heads": 2, "n_kv_heads": 2, "cap_feat_dim": 32,
                   "axes_dims": [8, 12, 12]},
 }
 
