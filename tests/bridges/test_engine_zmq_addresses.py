@@ -31,7 +31,7 @@ IMPORTER = "vllm_omni.engine.stage_engine_startup"
 _HERE = f"here: vLLM {STATIC.host} the name; vllm-omni importers {list(STATIC.importers)}"
 needs_stand_in = pytest.mark.skipif(
     STATIC.host != HostKind.LACKS or not STATIC.importers,
-    reason=f"needs vLLM >= 0.32 (no {stand_in.NAME}) with vllm-omni 0.24.0 (imports it), e.g. env adapt_e32o24; "
+    reason=f"needs vLLM >= 0.32 (no {stand_in.NAME}) with vllm-omni 0.24.0 (imports it), e.g. vLLM 0.32 + vllm-omni 0.24.0; "
            f"{_HERE}",
 )
 needs_vllms_own = pytest.mark.skipif(STATIC.host != HostKind.DEFINES,
@@ -127,7 +127,7 @@ def test_shapes_the_stand_in_does_not_know_are_unknown():
 @needs_omni
 def test_vllm_omnis_calls_are_the_one_measured():
     assert STATIC.callers == Shape.KNOWN, STATIC
-    # one call, in launch_stage_replica (line 958 in vllm-omni 0.24.0, 1190 in 0.30.0): get_engine_zmq_addresses(vllm_config)
+    # one call, get_engine_zmq_addresses(vllm_config) in launch_stage_replica (line 958 in 0.24.0, 1190 in 0.30.0)
     (call,) = STATIC.calls
     assert call.startswith(f"{IMPORTER}:") and call.endswith(": 1 positional"), call
     assert STATIC.importers == (f"{IMPORTER}:23 (module)",)

@@ -41,7 +41,7 @@ CALLER = adapter.ENTRY.target_module
 _SHAPES = f"here: vLLM takes {STATIC.callee}, {CALLER} calls {STATIC.caller}"
 needs_shapes_to_adapt = pytest.mark.skipif(
     (STATIC.callee, STATIC.caller) != (CallShape.LAUNCH, CallShape.ADDRESSES),
-    reason=f"needs vLLM >= 0.28 (launch) with vllm-omni 0.24.0 (the 8-argument calls), e.g. env adapt_e32o24; {_SHAPES}",
+    reason=f"needs vLLM >= 0.28 (launch) with vllm-omni 0.24.0 (the 8-argument calls), e.g. vLLM 0.32; {_SHAPES}",
 )
 needs_matching_old_shapes = pytest.mark.skipif(
     (STATIC.callee, STATIC.caller) != (CallShape.ADDRESSES, CallShape.ADDRESSES),
@@ -147,7 +147,7 @@ class _Engines:
         return [conn.recv() for conn in self.conns]
 
     def finish(self) -> None:
-        for proc, conn in zip(self.procs, self.conns):
+        for proc, conn in zip(self.procs, self.conns, strict=True):
             if proc.is_alive():
                 try:
                     conn.send("done")

@@ -179,7 +179,8 @@ def _callers(tree) -> tuple[str, tuple[str, ...], str]:
             keywords = [k.arg for k in node.keywords]
             fits = (not any(isinstance(a, ast.Starred) for a in node.args) and None not in keywords
                     and len(node.args) <= len(CALL_ARGS) and set(keywords) <= set(CALL_ARGS[len(node.args):]))
-            call = f"{importer}:{node.lineno}: {len(node.args)} positional{', keywords ' + ', '.join(keywords) if keywords else ''}"
+            named = f", keywords {', '.join(keywords)}" if keywords else ""
+            call = f"{importer}:{node.lineno}: {len(node.args)} positional{named}"
             calls.append(call)
             if not fits:
                 unknown.append(call)
