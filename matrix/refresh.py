@@ -5,10 +5,12 @@ level, loader kind, the decision, import drift of vllm-omni against that vLLM), 
 ``expect`` and ``unresolved``. Nothing is installed or imported. vLLM wheels are ~300 MB: one is on disk at a
 time (deleted after its cells are scanned); measured results are cached in ``--cache`` (JSON) per wheel pair.
 
-    python matrix/refresh.py [--write] [--cache PATH] [--download-dir DIR] [CELL_ID ...]
+    python matrix/refresh.py [--write] [--cache PATH] [--download-dir DIR] [--no-aliases] [CELL_ID ...]
 
-Exit status: 0 when every scanned cell matches (or ``--write`` rewrote it), 1 when a cell differs, 2 when a
-download failed.
+Without cell ids it also re-checks the generated alias table (``matrix/aliases.py --check``: regenerated from the
+wheels, a diff printed when the checked-in ``vllm_compat/bridges/_alias_table.py`` is stale; ``--write`` rewrites
+it). Exit status: 0 when every scanned cell matches and the table is current (or ``--write`` rewrote them), 1 when a
+cell or the table differs, 2 when a download failed.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="rewrite matrix/vllm.toml with what was measured")
     parser.add_argument("--cache", type=Path, default=ROOT / ".nox" / "refresh-cache.json")
     parser.add_argument("--download-dir", type=Path, default=None)
+    parser.add_argument("--no-aliases", action="store_true", help="skip re-checking vllm_compat/bridges/_alias_table.py")
     args = parser.parse_args(argv)
 
     cells = tomllib.loads(MATRIX.read_text())["cell"]
@@ -146,6 +149,14 @@ def main(argv: list[str] | None = None) -> int:
             "-" if "unresolved" not in measured else "none")
         mark = "same" if same else ("REWRITTEN" if args.write else "DIFFERS")
         print(f"{cell_id:<18} {e['level']:<30} {e['loader']:<7} {decision:<18} {unresolved:<40} {mark}")
+    if not args.cells and not args.no_aliases:
+        # The alias table is generated from the same releases: re-check it (rewrite it under --write).
+        sys.path.insert(0, str(ROOT / "matrix"))
+        import aliases
+
+        print("\nalias table (matrix/aliases.py):")
+        alias_status = aliases.main([] if args.write else ["--check"])
+        status = status or alias_status
     return status
 
 

@@ -27,6 +27,14 @@ class Decision:
     action: str
     variant: str | None
     reason: str
+    # The ``module.name`` paths this decision makes importable, where they depend on the installed vLLM (an alias
+    # entry's); empty for every other entry, whose catalogue row names its one target (``PatchEntry.provides``).
+    provides: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if not self.provides:
+            del data["provides"]  # the shape every report had before alias entries
+        else:
+            data["provides"] = list(self.provides)
+        return data

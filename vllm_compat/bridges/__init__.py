@@ -113,7 +113,8 @@ def withdraw(owner, name: str, entry_id: str) -> bool:
 
 def provided_by_decisions(decisions) -> dict[str, str]:
     """{``module.name``: entry id} for every bridge decided "patched" among ``decisions``: what the import-drift
-    report counts as bridged. Disabled, skipped or refused bridges provide nothing."""
+    report counts as bridged (an entry's one target, and the many an alias decision names). Disabled, skipped or
+    refused bridges provide nothing."""
     from ..patches import entry as catalogue_entry
 
     provided = {}
@@ -124,7 +125,7 @@ def provided_by_decisions(decisions) -> dict[str, str]:
             patch_entry = catalogue_entry(decision.name)
         except KeyError:
             continue
-        provided.update(dict.fromkeys(patch_entry.provides, patch_entry.id))
+        provided.update(dict.fromkeys((*patch_entry.provides, *decision.provides), patch_entry.id))
     return provided
 
 

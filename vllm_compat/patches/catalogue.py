@@ -37,19 +37,22 @@ class PatchEntry:
 
     @property
     def provides(self) -> tuple[str, ...]:
-        """The ``module.name`` targets a bridge (any kind but "patch") makes importable; import-drift reports
-        match their unresolved names against these."""
-        return () if self.kind == "patch" else (self.target_path,)
+        """The ``module.name`` targets a bridge makes importable wherever it acts: its one target for a stand-in or
+        adapter; nothing for a patch, nor for an alias entry, whose many old paths depend on the installed vLLM and
+        are named by each of its Decisions (``Decision.provides``). Import-drift reports match their unresolved names
+        against both."""
+        return (self.target_path,) if self.kind in ("stand-in", "adapter") else ()
 
     @property
     def distribution(self) -> str:
         """The distribution that ships the target module ("vllm-omni" for ``vllm_omni.*``)."""
         return self.target_module.split(".", 1)[0].replace("_", "-")
 
-    def decision(self, action: str, reason: str, variant: str | None = None):
+    def decision(self, action: str, reason: str, variant: str | None = None, provides: tuple[str, ...] = ()):
         from ..decide import Decision
 
-        return Decision(name=self.id, target=self.target_path, action=action, variant=variant, reason=reason)
+        return Decision(name=self.id, target=self.target_path, action=action, variant=variant, reason=reason,
+                        provides=provides)
 
 
 _OMNI_LOADER = "vllm_omni.diffusion.model_loader.diffusers_loader"
@@ -207,5 +210,29 @@ CATALOGUE: tuple[PatchEntry, ...] = (
         upstream="vLLM 0.28.0 replaced wait_for_engine_startup's addresses / proc_manager / coord_process by launch",
         serves="vllm-omni 0.24.0 on vLLM 0.28-0.33 (vLLM <= 0.27 takes the old call; vllm-omni 0.30.0 makes the new)",
         retire_when="the oldest vllm-omni you support calls the 6-argument form (0.30.0 does)",
+    ),
+    PatchEntry(
+        id="moved_names",
+        kind="alias",
+        module="vllm_compat.bridges.moved_names",
+        target_module="vllm.env_override",
+        target="<alias table>",
+        why=(
+            "vLLM moves internals between releases; a pinned vllm-omni still imports the old path and dies with "
+            "ImportError (e.g. vllm.entrypoints.launcher, moved to vllm.entrypoints.launchers.launcher in 0.29). Which "
+            "name went where is data (bridges/_alias_table.py), generated from the release wheels by matrix/aliases.py "
+            "matching definitions by normalized source, never by name alone."
+        ),
+        how=(
+            "On import of vllm.env_override (the second module `import vllm` runs, before any vllm.x submodule; the "
+            "startup .pth registers the hook), for every table row whose old path this vLLM lacks, whose new definition "
+            "has the recorded source in the installed files, that is identical or reviewed 'accept', and that an "
+            "installed vllm-omni imports: a post-import hook sets a moved name on its old module, a meta-path finder "
+            "serves a moved module under its old path. Never replaces what vLLM defines; uninstall removes what it added."
+        ),
+        upstream="vLLM's refactors that moved definitions (launchers/ in 0.29, common/startup in 0.33, ...)",
+        serves="vllm-omni 0.24.0 and 0.30.0 on vLLM 0.25-0.33, per row of the table (its vllm / omni fields)",
+        retire_when="the oldest vllm-omni you support imports none of the table's old paths (the regenerated table "
+                    "is empty)",
     ),
 )

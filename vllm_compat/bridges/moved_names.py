@@ -1,0 +1,363 @@
+"""Aliases for vLLM names and modules that moved: the old import path resolves to the new definition.
+
+Why: vLLM moves internals between releases (``vllm.entrypoints.launcher`` -> ``vllm.entrypoints.launchers.launcher``
+in 0.29, ``...serve.utils.api_utils.VLLM_SUBCMD_PARSER_EPILOG`` -> ``...common.startup`` in 0.33, ...); a pinned
+vllm-omni still imports the old path and dies with ImportError. Which name went where is data, ``_alias_table.py``,
+generated from the release wheels by ``matrix/aliases.py``, which matches definitions by their normalized source,
+never by name (the same name can stand for an unrelated class later: vLLM 0.31's
+``transformers.multimodal.MultiModalProcessingInfo`` is not 0.30's ``processing.processor`` NamedTuple).
+When: per table row, where the installed vLLM lacks the old name, defines the new one with the source the table
+recorded (its ``key``, re-read from the installed files), the pair is identical or reviewed "accept", and an
+installed vllm-omni imports the old path (read from its files). The hook on ``vllm.env_override`` (the second module
+``import vllm`` runs, before any ``vllm.x`` submodule; registered by the startup ``.pth``) puts the mechanism in place:
+a post-import hook per old module for names, a meta-path finder for whole modules. Never replaces what vLLM defines:
+a name the old module binds, or a module any other finder finds, is left alone.
+Retire when: the oldest supported vllm-omni imports none of the table's old paths (regenerate, the table empties).
+
+A name alias is set on the old module right after it is imported (the new module imported then, or, if it is
+itself mid-import, right after it finishes). A module alias is the new module object itself, registered under the
+old name by the import system through our finder (its ``__spec__`` left as the new module's). Uninstall removes
+exactly what was added (attributes, ``sys.modules`` entries, the parent attribute the import system set, the finder)
+and idles the per-module hooks. This module imports neither torch nor vLLM, and reads the table only when asked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import sys
+from dataclasses import asdict, dataclass
+
+from ..decide import Action, Decision
+from ..errors import PatchRefusedError
+from ..patches.catalogue import CATALOGUE
+from . import HostKind, host_lookup, installed_omni_tree, omni_importers
+
+ENTRY = next(e for e in CATALOGUE if e.module == __name__)
+
+
+class State:
+    ALIAS = "alias"  # installed: the old path resolves to the new definition
+    VLLM_HAS_IT = "vllm_has_it"  # the installed vLLM binds the old name: its own is used
+    NOT_IMPORTED = "not_imported"  # no installed vllm-omni imports the old path
+    NO_MATCH = "no_match"  # no row's new definition is in this vLLM with the recorded source
+    UNREVIEWED = "unreviewed"  # the definition changed and no review accepted it
+    REJECTED = "rejected"  # the definition changed and the review rejected it
+    NO_PARENT = "no_parent"  # an old module (or an old name's module) whose parent package is gone
+    UNKNOWN = "unknown"  # vLLM's files cannot tell whether it has the old name
+
+
+@dataclass(frozen=True)
+class AliasFact:
+    old: str
+    new: str | None  # the table row that applies; None when none does
+    kind: str  # "name" | "module"
+    state: str
+    importers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AliasFacts:
+    """``host``: ``HostKind.ABSENT`` without vLLM, else ``HostKind.LACKS``; ``aliases``: one fact per old path of the
+    table."""
+
+    host: str
+    aliases: tuple[AliasFact, ...] = ()
+
+    @property
+    def installable(self) -> tuple[AliasFact, ...]:
+        return tuple(a for a in self.aliases if a.state == State.ALIAS)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def table() -> tuple[dict, ...]:
+    from ._alias_table import ALIASES
+
+    return ALIASES
+
+
+def old_names() -> tuple[str, ...]:
+    """Every old path of the table (what this entry can provide on some vLLM)."""
+    return tuple(sorted({row["old"] for row in table()}))
+
+
+def _split(path: str, kind: str) -> tuple[str, str | None]:
+    return (path, None) if kind == "module" else tuple(path.rsplit(".", 1))
+
+
+def combined_key(keys: dict) -> str:
+    """A moved module's key: its names' ``source_key``s together (as ``matrix/aliases.py`` writes it)."""
+    return hashlib.sha256(json.dumps(sorted(keys.items())).encode()).hexdigest()[:16]
+
+
+def _new_key(defs, row: dict) -> str | None:
+    if row["kind"] == "module":
+        keys = {name: defs.definition_key(row["new"], name) for name in row["names"]}
+        return None if None in keys.values() else combined_key(keys)
+    module, name = row["new"].rsplit(".", 1)
+    return defs.definition_key(module, name)
+
+
+def _review_state(row: dict) -> str:
+    if row["match"] == "identical" or row.get("verdict") == "accept":
+        return State.ALIAS
+    return State.REJECTED if row.get("verdict") == "reject" else State.UNREVIEWED
+
+
+def detect_facts(vllm_tree, omni_tree) -> AliasFacts:
+    """The facts from files: for each old path, what the installed vLLM has and whether vllm-omni imports it."""
+    if not vllm_tree.has_package("vllm"):
+        return AliasFacts(HostKind.ABSENT)
+    from ..detect.definitions import Definitions
+
+    defs = Definitions(vllm_tree)
+    rows_by_old: dict[str, list[dict]] = {}
+    for row in table():
+        rows_by_old.setdefault(row["old"], []).append(row)
+    facts = []
+    for old, rows in sorted(rows_by_old.items()):
+        kind = rows[0]["kind"]
+        module, name = _split(old, kind)
+        host = host_lookup(vllm_tree, module, name)
+        if host in (HostKind.DEFINES, HostKind.UNKNOWN):
+            facts.append(AliasFact(old, None, kind, State.VLLM_HAS_IT if host == HostKind.DEFINES else State.UNKNOWN))
+            continue
+        parent = module.rpartition(".")[0] if kind == "module" else module
+        if kind == "name" and host == HostKind.NO_MODULE or kind == "module" and defs.index.module_file(parent) is None:
+            facts.append(AliasFact(old, None, kind, State.NO_PARENT))
+            continue
+        row = next((r for r in rows if _new_key(defs, r) == r["key"]), None)
+        if row is None:
+            facts.append(AliasFact(old, None, kind, State.NO_MATCH))
+            continue
+        importers = omni_importers(omni_tree, row["importers"], module, name)
+        state = _review_state(row) if importers else State.NOT_IMPORTED
+        facts.append(AliasFact(old, row["new"], kind, state, importers))
+    return AliasFacts(HostKind.LACKS, tuple(facts))
+
+
+# ---- the mechanism: per-old-module hooks for names, a finder for modules ----
+
+class _AliasLoader:
+    """Loads an old module path as the new module object, leaving that object's own spec in place."""
+
+    def __init__(self, new: str):
+        self.new = new
+        self._spec = None
+
+    def create_module(self, spec):
+        module = importlib.import_module(self.new)
+        self._spec = module.__spec__
+        return module
+
+    def exec_module(self, module):
+        # The import system set our spec on the new module; give it its own back (reload, pickling by name).
+        module.__spec__ = self._spec
+
+
+class AliasFinder:
+    """Answers only for the old module paths it was given, and only when no other finder finds them."""
+
+    _vllm_compat_alias_finder = True
+
+    def __init__(self):
+        self.modules: dict[str, str] = {}  # old module -> new module
+
+    def find_spec(self, fullname, path=None, target=None):
+        new = self.modules.get(fullname)
+        if new is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or getattr(finder, "_vllm_compat_finder", False) or not hasattr(finder, "find_spec"):
+                continue
+            if finder.find_spec(fullname, path, target) is not None:
+                return None  # vLLM has the module: never shadow it
+        from importlib.machinery import ModuleSpec
+
+        return ModuleSpec(fullname, _AliasLoader(new), origin=f"vllm_compat alias of {new}")
+
+
+_finder = AliasFinder()
+_names: dict[str, dict[str, str]] = {}  # old module -> {old name: "new.module.name"} while installed
+_added: list[tuple[object, str, object]] = []  # (owner, attribute, value) we set
+_hooks: dict = {}  # old module -> its hook callable (one each: registration dedups)
+
+
+def _set_names(module) -> None:
+    """Put the aliased names on an old module that has just been imported (never over a name it binds)."""
+    for name, new in _names.get(module.__name__, {}).items():
+        if name in vars(module):
+            continue
+        new_module, new_name = new.rsplit(".", 1)
+        target = sys.modules.get(new_module)
+        from ..hooks import _is_initialized, register_post_import_hook
+
+        if target is not None and not _is_initialized(target):
+            # The new module is mid-import (it imports the old one): finish once it is done.
+            register_post_import_hook(new_module, _hook_for(module.__name__))
+            continue
+        try:
+            target = importlib.import_module(new_module)
+            value = getattr(target, new_name)
+        except Exception as exc:  # noqa: BLE001 - a failing alias leaves the original ImportError, never a new one
+            import logging
+
+            logging.getLogger("vllm_compat").warning("vllm_compat: alias %s.%s -> %s not set: %s: %s",
+                                                     module.__name__, name, new, type(exc).__name__, exc)
+            continue
+        setattr(module, name, value)
+        _added.append((module, name, value))
+
+
+def _hook_for(old_module: str):
+    if old_module not in _hooks:
+        def on_old_module_imported(_module, old_module=old_module) -> None:
+            module = sys.modules.get(old_module)
+            if module is not None and old_module in _names:
+                _set_names(module)
+
+        on_old_module_imported.__qualname__ = f"alias_hook[{old_module}]"
+        _hooks[old_module] = on_old_module_imported
+    return _hooks[old_module]
+
+
+# ---- the drift-point interface (vllm_compat.patches) ----
+
+def detect_static(site) -> AliasFacts:
+    return detect_facts(site.vllm_tree, site.omni_tree)
+
+
+def detect_runtime(module) -> AliasFacts:
+    """The same facts, from the vLLM that is being imported (its package's own directory) and the installed
+    vllm-omni's files; an old module already imported answers from its live namespace."""
+    from pathlib import Path
+
+    from ..detect.static import SourceTree
+
+    package = sys.modules.get("vllm")
+    paths = list(getattr(package, "__path__", ()) or ())
+    tree = SourceTree(Path(paths[0]).parent) if paths else SourceTree(Path("/nonexistent-vllm-compat-root"))
+    facts = detect_facts(tree, installed_omni_tree())
+    live = []
+    for fact in facts.aliases:
+        module, name = _split(fact.old, fact.kind)
+        loaded = sys.modules.get(module)
+        if fact.kind == "name" and loaded is not None and name in vars(loaded) and not _is_ours(loaded, name):
+            fact = AliasFact(fact.old, None, fact.kind, State.VLLM_HAS_IT)
+        live.append(fact)
+    return AliasFacts(facts.host, tuple(live))
+
+
+def _is_ours(owner, name: str) -> bool:
+    return any(o is owner and n == name and vars(owner).get(name) is v for o, n, v in _added)
+
+
+def decide(facts: AliasFacts, controls) -> Decision:
+    if facts.host == HostKind.ABSENT:
+        return ENTRY.decision(Action.PENDING, "vLLM is not installed; decided when it is imported")
+    aliased = facts.installable
+    held = [a for a in facts.aliases if a.state in (State.UNREVIEWED, State.REJECTED) and a.importers]
+    held_note = (f"; not aliased, the definition changed without an accepted review: "
+                 f"{', '.join(f'{a.old} ({a.state})' for a in held)}") if held else ""
+    if not aliased:
+        return ENTRY.decision(Action.SKIPPED, "no moved name of the alias table is both missing from this vLLM and "
+                              f"imported by an installed vllm-omni{held_note}")
+    pairs = ", ".join(f"{a.old} -> {a.new}" for a in aliased)
+    return ENTRY.decision(Action.PATCHED, f"vLLM lacks {len(aliased)} old path(s) vllm-omni imports; aliased to the "
+                          f"same definitions' new homes: {pairs}{held_note}",
+                          provides=tuple(a.old for a in aliased))
+
+
+def locate(module):
+    return module
+
+
+def prepare(owner, facts: AliasFacts) -> tuple[AliasFact, ...]:
+    """The contract: no old module that is to be aliased is in ``sys.modules`` as something that is not ours."""
+    for fact in facts.installable:
+        if fact.kind == "module":
+            current = sys.modules.get(fact.old)
+            if current is not None and current is not sys.modules.get(fact.new):
+                raise PatchRefusedError(f"{fact.old} is imported already ({current!r}); vllm_compat never replaces a "
+                                        "module vLLM defines. Left as it is.")
+    return facts.installable
+
+
+def install(owner, decision: Decision, state) -> bool:
+    """Register the aliases ``state`` (``prepare``'s list) names; False when all were in place already."""
+    from ..hooks import register_post_import_hook
+
+    added = False
+    for fact in state or ():
+        if fact.kind == "module":
+            if _finder.modules.get(fact.old) != fact.new:
+                _finder.modules[fact.old] = fact.new
+                added = True
+            continue
+        module, name = fact.old.rsplit(".", 1)
+        names = _names.setdefault(module, {})
+        if names.get(name) != fact.new:
+            names[name] = fact.new
+            added = True
+    if _finder.modules and _finder not in sys.meta_path:
+        # After vllm_compat's post-import finder, so an aliased module still gets its hooks.
+        hooks = [i for i, f in enumerate(sys.meta_path) if getattr(f, "_vllm_compat_finder", False)]
+        sys.meta_path.insert(hooks[0] + 1 if hooks else 0, _finder)
+        added = True
+    for module in _names:
+        register_post_import_hook(module, _hook_for(module))  # already imported: runs now (first time)
+        if module in sys.modules:
+            _set_names(sys.modules[module])
+    return added
+
+
+def uninstall(owner) -> bool:
+    """Remove every attribute, ``sys.modules`` entry and parent attribute the aliases added, and the finder."""
+    removed = False
+    _names.clear()
+    while _added:
+        target, name, value = _added.pop()
+        if vars(target).get(name) is value:
+            delattr(target, name)
+            removed = True
+    for old, new in list(_finder.modules.items()):
+        module = sys.modules.get(old)
+        if module is not None and module is sys.modules.get(new):
+            del sys.modules[old]
+            removed = True
+            parent, _, leaf = old.rpartition(".")
+            parent_module = sys.modules.get(parent)
+            if parent_module is not None and vars(parent_module).get(leaf) is module:
+                delattr(parent_module, leaf)
+    _finder.modules.clear()
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+        removed = True
+    return removed
+
+
+def in_place(owner):
+    """The finder while it is registered, else the names table while any is set (None when nothing is)."""
+    if _finder in sys.meta_path:
+        return _finder
+    return _names or None
+
+
+def compare(static: AliasFacts, runtime: AliasFacts) -> list[str]:
+    if HostKind.ABSENT in (static.host, runtime.host):
+        return []
+    before = {a.old: a for a in static.aliases}
+    differences = []
+    for fact in runtime.aliases:
+        other = before.get(fact.old)
+        if other is None or (other.new, other.state, other.importers) != (fact.new, fact.state, fact.importers):
+            differences.append(f"{fact.old}: {other and (other.new, other.state, list(other.importers))} (files) != "
+                               f"{(fact.new, fact.state, list(fact.importers))} (imported)")
+    return differences
+
+
+def facts_dict(facts: AliasFacts) -> dict:
+    return facts.to_dict()
