@@ -130,7 +130,8 @@ def test_vllm_omnis_calls_are_the_one_measured():
     # one call, get_engine_zmq_addresses(vllm_config) in launch_stage_replica (line 958 in 0.24.0, 1190 in 0.30.0)
     (call,) = STATIC.calls
     assert call.startswith(f"{IMPORTER}:") and call.endswith(": 1 positional"), call
-    assert STATIC.importers == (f"{IMPORTER}:23 (module)",)
+    (importer,) = STATIC.importers  # at module level: line 23 in 0.24.0, 28 in 0.30.0
+    assert importer.startswith(f"{IMPORTER}:") and importer.endswith(" (module)"), importer
 
 
 @needs_vllm

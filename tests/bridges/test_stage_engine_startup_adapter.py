@@ -43,9 +43,10 @@ needs_shapes_to_adapt = pytest.mark.skipif(
     (STATIC.callee, STATIC.caller) != (CallShape.LAUNCH, CallShape.ADDRESSES),
     reason=f"needs vLLM >= 0.28 (launch) with vllm-omni 0.24.0 (the 8-argument calls), e.g. vLLM 0.32; {_SHAPES}",
 )
-needs_matching_old_shapes = pytest.mark.skipif(
-    (STATIC.callee, STATIC.caller) != (CallShape.ADDRESSES, CallShape.ADDRESSES),
-    reason=f"needs the native pair vLLM <= 0.27 + vllm-omni 0.24.0 (both 8 arguments), e.g. env e24; {_SHAPES}",
+needs_matching_shapes = pytest.mark.skipif(
+    STATIC.callee != STATIC.caller or STATIC.callee not in (CallShape.ADDRESSES, CallShape.LAUNCH),
+    reason=f"needs a native pair: vLLM <= 0.27 + vllm-omni 0.24.0 (both 8 arguments) or vLLM >= 0.28 + vllm-omni "
+           f"0.30.0 (both 6); {_SHAPES}",
 )
 needs_startup_to_run = pytest.mark.skipif(
     STATIC.caller != CallShape.ADDRESSES or STATIC.callee not in (CallShape.ADDRESSES, CallShape.LAUNCH),
@@ -79,13 +80,14 @@ def _vllm_function():
 # ---- shapes ----
 
 @needs_omni
-def test_static_and_runtime_shapes_agree_and_every_call_is_the_old_one(caller):
+def test_static_and_runtime_shapes_agree_and_all_four_calls_have_one_shape(caller):
+    """vllm-omni 0.24.0 makes the 8-argument call four times, 0.30.0 the 6-argument one at the same four places."""
     import inspect
 
     runtime = adapter.detect_runtime(caller)
     assert adapter.compare(STATIC, runtime) == []
-    assert runtime.caller == CallShape.ADDRESSES, runtime
-    assert len(runtime.calls) == 4 and all("8 positional" in call for call in runtime.calls), runtime.calls
+    positional = {CallShape.ADDRESSES: "8 positional", CallShape.LAUNCH: "6 positional"}[runtime.caller]
+    assert len(runtime.calls) == 4 and all(positional in call for call in runtime.calls), runtime.calls
     live = tuple(inspect.signature(_vllm_function()).parameters)
     assert live == {CallShape.ADDRESSES: ADDRESSES_PARAMS, CallShape.LAUNCH: LAUNCH_PARAMS}[runtime.callee], runtime
 
@@ -343,7 +345,7 @@ def test_refuses_a_binding_that_is_not_vllms_function(caller, monkeypatch):
 
 
 @needs_omni
-@needs_matching_old_shapes
+@needs_matching_shapes
 def test_stays_out_where_the_shapes_already_match(caller):
     decisions = {d.name: d for d in vllm_compat.apply()}
     assert decisions[adapter.ENTRY.id].action == Action.SKIPPED

@@ -16,15 +16,18 @@ Retire when: the oldest supported vllm-omni no longer imports ``vllm.v1.engine.u
 The definition is the smallest that satisfies the callers: vllm-omni 0.24.0 calls it once,
 ``get_engine_zmq_addresses(vllm_config)`` in ``launch_stage_replica`` (colocated LLM replicas), then sets nothing
 on the result and hands it to the engine handshake (``wait_for_engine_startup`` sends it in
-``EngineHandshakeMetadata``) and to the stage client. Measured on the real functions (vLLM 0.24 / 0.31 old, 0.32 /
-0.33 new; ``tests/bridges/test_engine_zmq_addresses.py``): with the default ``defer_api_server_ports=True`` the old
-function returns ``EngineZmqAddresses(inputs=[a] * n, outputs=[b] * n)`` (``coordinator_*`` and
-``frontend_stats_publish_address`` left ``None``) with the addresses the new one returns in its
+``EngineHandshakeMetadata``) and to the stage client. Measured by calling the real functions (vLLM 0.24 / 0.31 old,
+0.32 new; 0.33's, read from its wheel, has 0.32's signature and classes and differs only in when elastic EP forces
+TCP; ``tests/bridges/test_engine_zmq_addresses.py``): with the default ``defer_api_server_ports=True`` the old
+function returns an ``EngineZmqAddresses`` with ``num_api_servers`` addresses in ``inputs`` and in ``outputs``
+(``coordinator_*`` and ``frontend_stats_publish_address`` left ``None``), the addresses the new one returns in its
 ``EngineZmqBindAddresses``: fresh ``ipc://`` paths where the frontend talks to colocated engines only, else
 ``tcp://<data_parallel_master_ip>:0`` placeholders. So the stand-in calls vLLM's ``get_engine_zmq_bind_addresses``
 (looked up at each call, so a later wrapper of it is the one called) and copies its lists into vLLM's own
 ``EngineZmqAddresses``, the mutable class the handshake encodes. ``defer_api_server_ports`` is not taken (no
 vllm-omni release passes it; ``False`` asked for pre-picked TCP ports, which vLLM 0.32+ no longer offers).
+``revert()`` takes it off vLLM's module; a vllm-omni module that imported it already keeps its own reference, as
+with every stand-in.
 """
 
 from __future__ import annotations
