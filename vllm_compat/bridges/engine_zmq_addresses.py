@@ -2,8 +2,8 @@
 
 Why: vLLM <= 0.31 has ``get_engine_zmq_addresses(vllm_config, num_api_servers=1, *, defer_api_server_ports=True)
 -> EngineZmqAddresses``; vLLM 0.32 replaced it by ``get_engine_zmq_bind_addresses(vllm_config, num_api_servers=1)
--> EngineZmqBindAddresses`` (``inputs`` / ``outputs`` only, the frontend binds them). vllm-omni 0.24.0 (and 0.30.0,
-which does not install with vLLM 0.32+) imports the old name at module level in
+-> EngineZmqBindAddresses`` (``inputs`` / ``outputs`` only, the frontend binds them). vllm-omni 0.24.0 and 0.30.0
+(the latter installed with vLLM's transformers range, as the matrix does) import the old name at module level in
 ``vllm_omni/engine/stage_engine_startup.py``, so on vLLM 0.32-0.33 that module, and every LLM stage startup and
 remote-engine connection in it, dies with ``ImportError: cannot import name 'get_engine_zmq_addresses'``.
 When: vLLM's ``vllm.v1.engine.utils`` lacks the name and an installed vllm-omni imports it (read from its files);

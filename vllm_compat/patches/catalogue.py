@@ -186,8 +186,8 @@ CATALOGUE: tuple[PatchEntry, ...] = (
             "old function returned with its default deferred ports). Never replaces vLLM's own."
         ),
         upstream="vLLM 0.32.0 replaced get_engine_zmq_addresses by get_engine_zmq_bind_addresses (frontend binds)",
-        serves="vllm-omni 0.24.0 on vLLM 0.32-0.33 (vLLM <= 0.31 keeps its own; 0.30.0 imports it too, but does not "
-        "install with vLLM >= 0.32)",
+        serves=("vllm-omni 0.24.0 and 0.30.0 (installed with vLLM's transformers range) on vLLM 0.32-0.33 (vLLM <= "
+                "0.31 keeps its own)"),
         retire_when="the oldest vllm-omni you support no longer imports vllm.v1.engine.utils.get_engine_zmq_addresses",
     ),
     PatchEntry(
