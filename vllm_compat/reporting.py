@@ -17,8 +17,8 @@ class Report:
     runtime_error: str | None = None
     mismatches: list[str] = field(default_factory=list)
     # Static import-drift check of vllm-omni against vLLM (detect.import_drift), as found (bridges not applied):
-    # ``...`` means the installed pair, computed on first use (~1 s) so header_line() stays cheap; None when
-    # vllm-omni or vLLM is absent.
+    # ``...`` means the installed pair, computed on first use (~1 s) so header_line() stays cheap; a callable is
+    # called on first use for it; None when vllm-omni or vLLM is absent.
     _import_drift: object = field(default=..., repr=False)
     # Whether bridges are in place before ``import vllm_omni`` (the startup .pth); None: ask this environment.
     startup_hook: bool | None = None
@@ -31,6 +31,8 @@ class Report:
             from .detect.import_drift import detect_import_drift
 
             self._import_drift = detect_import_drift()
+        elif callable(self._import_drift):
+            self._import_drift = self._import_drift()
         if self._import_drift is None:
             return None
         from .bridges import provided_by_decisions
@@ -215,7 +217,8 @@ def build_report(runtime: bool = False) -> Report:
     if not runtime:
         recorded = {d.name: d for d in current_decisions() if d.action != "pending"}
         patches = [recorded.get(d.name, d) for d in static_decisions]
-        return Report(mode="static", static=site.environment, patches=patches)
+        return Report(mode="static", static=site.environment, patches=patches,
+                      _import_drift=site.installed_import_drift)
 
     from .detect.runtime import detect_runtime
 

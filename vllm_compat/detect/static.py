@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import zipfile
-from email.parser import HeaderParser
 from pathlib import Path
 
 from .model import (
@@ -36,7 +34,11 @@ class SourceTree:
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self._zip = zipfile.ZipFile(self.root) if self.root.is_file() else None
+        self._zip = None
+        if self.root.is_file():
+            import zipfile  # wheels only (check, scan): doctor's installed trees are directories
+
+            self._zip = zipfile.ZipFile(self.root)
 
     def read(self, relpath: str) -> str | None:
         try:
@@ -67,6 +69,8 @@ class SourceTree:
             if top.startswith(prefix) and top.endswith(".dist-info"):
                 text = self.read(f"{top}/METADATA")
                 if text:
+                    from email.parser import HeaderParser  # ~25 ms to import: wheels and unpacked trees only
+
                     return HeaderParser().parsestr(text).get("Version")
         return None
 
@@ -184,7 +188,10 @@ def installed_package_root(name: str) -> Path | None:
 
 
 def _tree_of(name: str) -> SourceTree:
-    root = installed_package_root(name)
+    return _tree_at(installed_package_root(name))
+
+
+def _tree_at(root: Path | None) -> SourceTree:
     # An empty tree answers "not installed" to every question.
     return SourceTree(root) if root is not None else SourceTree(Path("/nonexistent-vllm-compat-root"))
 
@@ -207,7 +214,10 @@ def scan_tree(tree: SourceTree, versions: dict[str, str | None] | None = None, o
 
 class StaticSite:
     """A vLLM tree and a vllm-omni tree (installed, unpacked or wheels), with the detections that several drift
-    points read computed once, on first use. Drift points read files through it, never by their own paths."""
+    points read computed once, on first use. Drift points read files through it, never by their own paths.
+
+    The installed site (``installed()``) also keeps what it detects on disk (``detect.fact_cache``): its
+    ``environment`` and each entry's ``facts``; a warm run reads them back instead of parsing anything."""
 
     def __init__(self, vllm_tree: SourceTree, omni_tree: SourceTree, versions: dict[str, str | None] | None = None):
         self.vllm_tree = vllm_tree
@@ -215,18 +225,63 @@ class StaticSite:
         self._versions = versions
         self._environment = None
         self._import_drift = ...
+        self._cache_key = None  # set by installed(): files of other trees are not cached
+        self._cached: dict = {}
+        self._unsaved = False
 
     @classmethod
     def installed(cls) -> StaticSite:
-        """The installed environment: versions from distribution metadata, files from where the packages are."""
-        versions = {d: installed_version(d) for d in ("vllm", "vllm-omni", "torch")}
-        return cls(_tree_of("vllm"), _tree_of("vllm_omni"), versions)
+        """The installed environment: versions from distribution metadata (read when first needed), files from
+        where the packages are."""
+        from . import fact_cache
+
+        roots = {package: installed_package_root(package) for package in fact_cache.PACKAGES}
+        site = cls(_tree_at(roots["vllm"]), _tree_at(roots["vllm_omni"]))
+        site._versions = _installed_versions
+        site._cache_key = fact_cache.installed_key({p: str(r) if r is not None else None for p, r in roots.items()})
+        site._cached = fact_cache.load(site._cache_key)
+        return site
 
     @property
     def environment(self) -> Environment:
         if self._environment is None:
-            self._environment = scan_tree(self.vllm_tree, self._versions, omni_tree=self.omni_tree)
+            self._environment = self._cached.get("environment")
+        if self._environment is None:
+            versions = self._versions() if callable(self._versions) else self._versions
+            self._environment = scan_tree(self.vllm_tree, versions, omni_tree=self.omni_tree)
+            self._unsaved = self._cache_key is not None
         return self._environment
+
+    def facts(self, entry_id: str, detect):
+        """``detect(self)`` for catalogue entry ``entry_id`` (its ``detect_static``), or what an earlier run of the
+        same installed files found (``save()`` keeps it)."""
+        cached = self._cached.setdefault("facts", {})
+        if entry_id not in cached:
+            cached[entry_id] = detect(self)
+            self._unsaved = self._cache_key is not None
+        return cached[entry_id]
+
+    def save(self) -> None:
+        """Write what this run detected beyond the cache to the cache (installed sites only)."""
+        if not self._unsaved:
+            return
+        from . import fact_cache
+
+        if self._environment is not None:
+            self._cached["environment"] = self._environment
+        fact_cache.store(self._cache_key, self._cached)
+        self._unsaved = False
+
+    def installed_import_drift(self):
+        """``detect_import_drift()`` (the installed pair, this site's trees when it is ``installed()``), kept with
+        the facts: a warm run reads it back with them."""
+        if "import_drift" not in self._cached:
+            from .import_drift import detect_import_drift
+
+            self._cached["import_drift"] = detect_import_drift()
+            self._unsaved = self._cache_key is not None
+            self.save()
+        return self._cached["import_drift"]
 
     @property
     def import_drift(self):
@@ -239,6 +294,10 @@ class StaticSite:
 
     def read_omni_loader(self) -> str | None:
         return self.omni_tree.read(OMNI_LOADER_FILE)
+
+
+def _installed_versions() -> dict[str, str | None]:
+    return {d: installed_version(d) for d in ("vllm", "vllm-omni", "torch")}
 
 
 def detect_static() -> Environment:

@@ -2,21 +2,87 @@
 
 from __future__ import annotations
 
-from importlib import metadata
-
-from packaging.version import InvalidVersion, Version
+import os
+import re
+import sys
 
 # The vLLM releases the matrix (matrix/vllm.toml) proves. Used for reporting only, never as a gate:
 # decisions come from detected capabilities.
 TESTED_VLLM_RANGE = ("0.16.0", "0.33.0")
 
+_SEPARATORS = re.compile(r"[-_.]+")
+
 
 def installed_version(distribution: str) -> str | None:
-    """Return the installed version string of ``distribution``, or None when it is not installed."""
+    """Return the installed version string of ``distribution``, or None when it is not installed.
+
+    The answer is ``importlib.metadata.version``'s: the first ``*.dist-info`` / ``*.egg-info`` of that name along
+    ``sys.path``. Where every ``sys.path`` entry is a plain directory, that search is done here (a directory
+    listing and one METADATA read: importing ``importlib.metadata`` costs ~50 ms, doctor's whole warm run);
+    a zip on the path, another distribution finder, or an unreadable METADATA go to ``importlib.metadata``."""
+    found = _dist_info_version(distribution)
+    if found is not _UNSURE:
+        return found
+    from importlib import metadata
+
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
+
+
+_UNSURE = object()
+
+
+def _normalized(name: str) -> str:
+    # importlib.metadata's Prepared.normalize: PEP 503, with "_" as the separator dist-info names use
+    return _SEPARATORS.sub("-", name).lower().replace("-", "_")
+
+
+def _dist_info_version(distribution: str):
+    """The version, None when no entry has it, or ``_UNSURE`` when only ``importlib.metadata`` can tell."""
+    for finder in sys.meta_path:
+        # Only the path finder answers distribution lookups in a plain interpreter; another finder that also
+        # does could answer first.
+        if getattr(finder, "find_distributions", None) is not None and finder.__name__ != "PathFinder":
+            return _UNSURE
+    wanted = _normalized(distribution)
+    for entry in sys.path:
+        directory = entry or "."
+        try:
+            children = os.listdir(directory)
+        except NotADirectoryError:
+            return _UNSURE  # a zip (or egg) on the path: importlib.metadata reads inside it
+        except OSError:
+            continue  # absent or unreadable: importlib.metadata finds nothing there either
+        for child in children:
+            low = child.lower()
+            if not low.endswith((".dist-info", ".egg-info")):
+                continue
+            if _normalized(low.rpartition(".")[0].partition("-")[0]) != wanted:
+                continue
+            version = _metadata_version(os.path.join(directory, child))
+            return _UNSURE if version is None else version
+    return None
+
+
+def _metadata_version(info: str) -> str | None:
+    """The first ``Version:`` header of a dist-info's METADATA (an egg-info's PKG-INFO, or the egg-info file)."""
+    for candidate in (os.path.join(info, "METADATA"), os.path.join(info, "PKG-INFO"), info):
+        try:
+            with open(candidate, encoding="utf-8") as handle:
+                for line in handle:
+                    if not line.strip():
+                        return None  # end of the headers
+                    name, sep, value = line.partition(":")
+                    if sep and name.strip().lower() == "version":
+                        return value.strip()
+        except (IsADirectoryError, NotADirectoryError, FileNotFoundError):
+            continue
+        except (OSError, UnicodeDecodeError):
+            return None
+        return None
+    return None
 
 
 def is_tested_vllm(version: str | None) -> bool | None:
@@ -24,9 +90,23 @@ def is_tested_vllm(version: str | None) -> bool | None:
     release count as tested). None when the version is missing or unparseable."""
     if version is None:
         return None
-    try:
-        release = Version(version).release
-    except InvalidVersion:
-        return None
-    low, high = (Version(v).release for v in TESTED_VLLM_RANGE)
+    low, high = (_plain_release(v) for v in TESTED_VLLM_RANGE)
+    release = _plain_release(version)
+    if release is None:
+        # Anything but a plain release ("0.30.0.dev1", "0.30.0+cpu", "v0.30") is for packaging to parse: its
+        # import and regex cost ~10 ms, most of a warm doctor run, for a string doctor nearly always has plain.
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            release = Version(version).release
+        except InvalidVersion:
+            return None
     return low <= release[: len(high)] <= high
+
+
+def _plain_release(version: str) -> tuple[int, ...] | None:
+    """``(0, 30, 0)`` for "0.30.0" (digits and dots only: exactly ``Version(version).release``), else None."""
+    parts = version.split(".")
+    if not all(part.isascii() and part.isdigit() for part in parts):
+        return None
+    return tuple(int(part) for part in parts)

@@ -63,6 +63,8 @@ def plan(site, controls) -> list:
     ``detect.static.StaticSite``): what the hooks will do once the targets are imported."""
     planned = []
     for patch_entry in CATALOGUE:
-        facts = drift_point(patch_entry).detect_static(site)
+        # site.facts: the installed site answers from its on-disk cache when the files are those it read before
+        facts = site.facts(patch_entry.id, drift_point(patch_entry).detect_static)
         planned.append((patch_entry, facts, decide_entry(patch_entry, facts, controls)))
+    site.save()
     return planned

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import logging
 import textwrap
 from dataclasses import asdict, dataclass
 
@@ -36,7 +35,6 @@ PROCESS = "_process_weights_after_loading"
 LOAD_WEIGHTS = "load_weights"
 SHARD_CALLS = ("apply_hsdp_to_model", "prepare_fp8_layers_for_fsdp")
 VARIANT = "process_before_shard"
-logger = logging.getLogger("vllm_compat")
 
 
 class OrderKind:
@@ -170,8 +168,10 @@ def load_with_processing_before_sharding(wrapped, loader, device, args, kwargs):
 
     def process_unless_done(model, *args, **kwargs):
         if any(model is done for done in processed):
-            logger.debug("vllm_compat: weights of %s were processed before sharding; not again",
-                         type(model).__name__)
+            import logging  # not at module level: the static doctor imports this module, and logging costs ~10 ms
+
+            logging.getLogger("vllm_compat").debug("vllm_compat: weights of %s were processed before sharding; "
+                                                   "not again", type(model).__name__)
             return None
         return process(model, *args, **kwargs)
 

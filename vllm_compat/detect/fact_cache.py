@@ -1,0 +1,127 @@
+"""The installed pair's static facts, cached on disk so a warm ``vllm-compat doctor`` parses nothing.
+
+Static detection reads and parses vLLM's and vllm-omni's files (``ast`` on a dozen modules, import scans of
+vllm-omni): ~0.8 s, repeated on every doctor run although the answer only changes when a package does. This
+cache holds what ``StaticSite.installed()`` computes: the ``Environment``, every catalogue entry's
+``detect_static`` facts and the import drift (decisions are not cached: they depend on the ``VLLM_COMPAT_*``
+controls).
+
+The key is made as the import-drift cache's is (``detect.import_drift``): the ``RECORD`` (path, size, mtime) of
+the distribution that installed each of vllm, vllm_omni and torch where the package is found, plus every
+``.py`` file of vllm_compat itself (path, size, mtime: an editable install's RECORD never changes), plus the
+interpreter's version. Installing, upgrading or removing one of them, or editing vllm_compat, makes a new key.
+A package that is absent, or found where no ``RECORD`` sits beside it (a source tree on ``PYTHONPATH``), makes
+no key: nothing is cached. Facts are pickled (they are vllm_compat's own frozen records, and a new vllm_compat
+file is a new key, so a pickle is only read by the code that wrote it); a cache that cannot be read, written
+or unpickled is ignored, never an error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+PACKAGES = ("vllm", "vllm_omni", "torch")  # what static detection reads (torch: its version only)
+_OWN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cache_dir() -> str:
+    """``$VLLM_COMPAT_CACHE_DIR``, else ``$XDG_CACHE_HOME/vllm-compat``, else ``~/.cache/vllm-compat``; ``facts/``
+    (beside the import-drift cache's ``drift/``)."""
+    base = os.environ.get("VLLM_COMPAT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm-compat")
+    return os.path.join(base, "facts")
+
+
+def record_stat(root: str, package: str) -> str | None:
+    """``path:size:mtime_ns`` of the RECORD of the distribution that installed ``package`` into ``root``; None
+    when there is none."""
+    prefix = package + "-"
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return None
+    for name in entries:
+        if name.startswith(prefix) and name.endswith(".dist-info"):
+            record = os.path.join(root, name, "RECORD")
+            try:
+                stat = os.stat(record)
+            except OSError:
+                return None
+            return f"{record}:{stat.st_size}:{stat.st_mtime_ns}"
+    return None
+
+
+def _own_files() -> list[str]:
+    parts = []
+    for dirpath, dirnames, filenames in os.walk(_OWN_ROOT):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                try:
+                    stat = os.stat(path)
+                except OSError:
+                    continue
+                parts.append(f"{path}:{stat.st_size}:{stat.st_mtime_ns}")
+    return parts
+
+
+def installed_key(roots: dict[str, str | None]) -> str | None:
+    """The key for the installed packages found at ``roots`` ({package: directory holding it, or None}); None
+    when one is absent or has no RECORD there. The key is the whole text (stored in the file and compared on
+    reading); its file name is a checksum of it, so no hashlib (~4 ms to import) on the warm path."""
+    parts = [sys.version]
+    for package in PACKAGES:
+        root = roots.get(package)
+        stat = record_stat(root, package) if root is not None else None
+        if stat is None:
+            return None
+        parts.append(stat)
+    parts += _own_files()
+    return "\n".join(parts)
+
+
+def _path(key: str) -> str:
+    import zlib
+
+    return os.path.join(cache_dir(), f"{zlib.crc32(key.encode()):08x}-{len(key)}.pickle")
+
+
+def load(key: str | None) -> dict:
+    """What ``store`` wrote under ``key`` (``{"environment": ..., "facts": {entry id: facts}, ...}``); empty
+    when there is none, it cannot be read, or it was written under another key with the same file name."""
+    if key is None:
+        return {}
+    import pickle
+
+    try:
+        with open(_path(key), "rb") as handle:
+            stored_key, data = pickle.load(handle)
+    except Exception:  # noqa: BLE001 - any unreadable cache (missing, truncated, stale classes) is a miss
+        return {}
+    return data if stored_key == key and isinstance(data, dict) else {}
+
+
+def store(key: str | None, data: dict) -> None:
+    """Write ``data`` under ``key`` atomically (concurrent doctors never read half a file); failures are ignored:
+    the next run computes again."""
+    if key is None:
+        return
+    import pickle
+    import tempfile
+
+    path = _path(key)
+    handle = None
+    try:
+        payload = pickle.dumps((key, data), protocol=pickle.HIGHEST_PROTOCOL)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tempfile.NamedTemporaryFile("wb", dir=os.path.dirname(path), delete=False, suffix=".tmp") as handle:
+            handle.write(payload)
+        os.replace(handle.name, path)
+    except Exception:  # noqa: BLE001 - unpicklable facts or an unwritable directory: nothing is cached
+        if handle is not None:
+            try:
+                os.unlink(handle.name)
+            except OSError:
+                pass
