@@ -33,3 +33,19 @@ def test_reimporting_does_not_stack_finders():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "1"
+
+
+def test_on_a_bare_interpreter_import_adds_only_our_own_modules():
+    """What the startup hook adds to every interpreter: nothing a bare start (no site, so no editable finder or
+    other .pth having loaded pathlib, __future__ and the like) has not loaded, but vllm_compat's own modules."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); before = set(sys.modules); import vllm_compat; "
+            "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] != 'vllm_compat'))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_COMPAT_")}
+    result = subprocess.run([sys.executable, "-S", "-c", code, root], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

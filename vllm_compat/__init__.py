@@ -8,7 +8,8 @@ The startup hook (``vllm_compat_startup.pth``, see ``_startup``) imports this pa
 pytest loads our pytest11 plugin; PYTEST_DONT_REWRITE tells pytest not to warn that it cannot rewrite it.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: it imports __future__, which a bare interpreter has not loaded and
+# `import vllm_compat` (the startup hook: every interpreter) must not add; these annotations are valid as they are.
 
 from .activate import apply, current_decisions, install_import_hook, revert
 

@@ -10,7 +10,7 @@ Nothing here knows a target: module, owner, facts and install all come from the 
 through its catalogue entry (``vllm_compat.patches``).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: see vllm_compat/__init__.py.
 
 import _thread  # not threading: `import vllm_compat` imports this module and must stay cheap
 import sys

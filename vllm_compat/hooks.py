@@ -10,7 +10,7 @@ its loader so that, after ``exec_module``, the real loader is put back on the mo
 already imported when a hook is registered gets the callback at once, outside the registry lock.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: see vllm_compat/__init__.py.
 
 import _thread
 import sys

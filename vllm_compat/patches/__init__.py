@@ -19,7 +19,7 @@ Every drift-point module answers the same small interface; nothing outside it na
 Drift-point modules import neither torch nor vLLM at module level: the static doctor imports them.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: see vllm_compat/__init__.py.
 
 from .catalogue import CATALOGUE, PatchEntry
 

@@ -6,7 +6,7 @@ without an entry, every module answering the whole interface) and checks that no
 names a target.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: see vllm_compat/__init__.py.
 
 
 class PatchEntry:
