@@ -150,7 +150,7 @@ def similarity(old, new, rename: str | None = None) -> float:
 
 def _path_closeness(old: str, new: str) -> tuple:
     a, b = old.split("."), new.split(".")
-    common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return (a[-1] == b[-1], common, -abs(len(a) - len(b)), new)
 
 
