@@ -212,6 +212,29 @@ CATALOGUE: tuple[PatchEntry, ...] = (
         retire_when="the oldest vllm-omni you support calls the 6-argument form (0.30.0 does)",
     ),
     PatchEntry(
+        id="fp8_copy_missing_attrs",
+        kind="stand-in",
+        module="vllm_compat.bridges.fp8_copy_missing_attrs",
+        target_module="vllm.model_executor.layers.quantization.fp8",
+        target="_copy_missing_attrs",
+        why=(
+            "vLLM 0.27 removed _copy_missing_attrs(old, new) from its fp8 quantization module (copies the attributes "
+            "old has and new lacks via set_weight_attrs); vllm-omni 0.24.0 imports it at module level in "
+            "vllm_omni/quantization/int8_config.py, mxfp8_config.py and mxfp4_config.py, so its diffusion quant "
+            "configs (quantization='int8' / 'mxfp8' / 'mxfp4') die with ImportError on vLLM 0.27+."
+        ),
+        how=(
+            "When the fp8 module is imported without the name, an installed vllm-omni imports it (read from its "
+            "files) and vLLM's set_weight_attrs takes (weight, weight_attrs), set vLLM 0.26's definition there "
+            "(marked _vllm_compat_stand_in), calling the installed set_weight_attrs. Never replaces vLLM's own."
+        ),
+        upstream="vLLM 0.27.0 removed vllm.model_executor.layers.quantization.fp8._copy_missing_attrs (dead code "
+                 "to vLLM; vllm-omni 0.30.0 re-homed the same function)",
+        serves=("vllm-omni 0.24.0 on vLLM 0.27-0.33 (vLLM <= 0.26 keeps its own; vllm-omni 0.30.0 imports its own "
+                "copy)"),
+        retire_when="the oldest vllm-omni you support no longer imports it from vLLM (0.30.0 does not)",
+    ),
+    PatchEntry(
         id="moved_names",
         kind="alias",
         module="vllm_compat.bridges.moved_names",
