@@ -181,10 +181,15 @@ def _diffusion_path_cell(cell: dict, summary: Path) -> str:
         data = json.loads(summary.read_text())
     except (OSError, ValueError):
         return "not run (see the test's skip reason)"
-    if not data["diffs"]:
-        return f"native-equal ({data['native']})"
-    more = f" (+{len(data['diffs']) - 1} more)" if len(data["diffs"]) > 1 else ""
-    return f"differs: {data['diffs'][0]}{more}"
+    if data["import_error"]:
+        return f"differs: vllm_omni does not import ({data['import_error']})"
+    if data["models"]:
+        more = f" (+{len(data['models']) - 1} more)" if len(data["models"]) > 1 else ""
+        return f"differs: {data['models'][0]}{more}"
+    if data["modules"]:
+        names = ", ".join(name.rsplit(".", 1)[-1] for name in data["reported_unbridged"]) or "unexplained"
+        return f"models native-equal; {len(data['modules'])} module(s) differ (unbridged: {names})"
+    return f"native-equal ({data['native']})"
 
 
 def _drift_cell(drift: dict) -> str:

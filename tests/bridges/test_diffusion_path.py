@@ -1,7 +1,10 @@
-"""The diffusion path end to end, in every cell with a vllm-omni: the importable ``vllm_omni.diffusion`` modules,
-and vllm-omni's own Qwen-Image and Z-Image transformers loaded with online quant and stragglers through
-``DiffusersPipelineLoader``, then run, must equal what the same vllm-omni gives on its own vLLM (the native record,
-``matrix/native/``, written by ``nox -s native``). Bit for bit: parameters after loading and the forward's output.
+"""The diffusion path end to end, in every cell with a vllm-omni, against what the same vllm-omni does on its own
+vLLM (the native record, ``matrix/native/``, written by ``nox -s native``):
+
+* vllm-omni's own Qwen-Image and Z-Image transformers, loaded with online quant and stragglers through
+  ``DiffusersPipelineLoader`` and run: bit for bit equal (every parameter after loading, the output);
+* the importable modules of the path (``vllm_omni.diffusion``, the quant configs, the ``Omni`` / ``AsyncOmni``
+  entrypoints): the native set, except modules failing on a vLLM name that doctor reports unbridged.
 
 What is recorded and why it is deterministic: ``tests/support/diffusion_path.py``.
 """
@@ -18,7 +21,12 @@ import pytest
 import tomllib
 
 from conftest import OMNI_IMPORT_BLOCKERS, OMNI_VERSION, VLLM_VERSION
-from tests.support.diffusion_path import compare, native_record_path
+from tests.support.diffusion_path import (
+    missing_target,
+    model_differences,
+    module_differences,
+    native_record_path,
+)
 from vllm_compat.detect.versions import installed_version
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,14 +93,48 @@ def test_native_record_is_a_working_load():
         assert kinds["complete"]["output_finite"], arch
 
 
+@pytest.fixture(scope="module")
+def differences(cell_record) -> dict:
+    """How the cell differs from the native record; also the matrix table's "diffusion path" column
+    (``VLLM_COMPAT_DIFFUSION_PATH_OUT``, written by the first test that asks)."""
+    from vllm_compat import report
+
+    drift = report().import_drift  # static, with the bridges this cell installs
+    unbridged = sorted({u.target for u in drift.unresolved if drift.bridged_by(u.target) is None}) if drift else []
+    modules = module_differences(_native, cell_record) if "import_error" not in cell_record else {}
+
+    def explained(here: str | None) -> str | None:
+        missing = missing_target(here)
+        return next((t for t in unbridged if missing and (t == missing or t.startswith(missing + "."))), None)
+
+    result = {
+        "native": f"vLLM {_native['vllm']}",
+        "import_error": cell_record.get("import_error"),
+        "models": model_differences(_native, cell_record) if "import_error" not in cell_record else [],
+        "modules": {name: here for name, (_, here) in modules.items()},
+        "reported_unbridged": sorted({t for _, here in modules.values() if (t := explained(here))}),
+        "unexplained": {name: [there, here] for name, (there, here) in modules.items() if not explained(here)},
+    }
+    summary = os.environ.get("VLLM_COMPAT_DIFFUSION_PATH_OUT")
+    if summary:
+        Path(summary).write_text(json.dumps(result))
+    return result
+
+
 @needs_native_record
 @unbridged_import
-def test_diffusion_path_equals_native(cell_record):
-    diffs = compare(_native, cell_record)
-    summary = os.environ.get("VLLM_COMPAT_DIFFUSION_PATH_OUT")  # the matrix table's "diffusion path" column
-    if summary:
-        Path(summary).write_text(json.dumps({"native": f"vLLM {_native['vllm']}", "diffs": diffs}))
-    assert diffs == [], "\n".join(diffs)
+def test_models_load_and_run_bit_equal_to_native(differences):
+    assert differences["import_error"] is None
+    assert differences["models"] == [], "\n".join(differences["models"])
+
+
+@needs_native_record
+@unbridged_import
+def test_importable_modules_equal_native_but_for_what_doctor_reports_unbridged(differences):
+    """A module of the path that imports natively and not here must fail on a vLLM name the static drift check
+    reports unresolved and unbridged (so doctor and check say it); any other difference, either way, is a bug."""
+    assert differences["import_error"] is None
+    assert differences["unexplained"] == {}, json.dumps(differences["unexplained"], indent=1)
 
 
 @needs_native_record

@@ -6,7 +6,9 @@ the record of vllm-omni's own (native) vLLM.
 run in a fresh interpreter, as a worker starts: the startup hook (if installed) and ``vllm_compat.apply()`` are
 in place before vllm-omni is imported. The record holds:
 
-* ``modules``: every ``vllm_omni.diffusion.*`` module, and whether it imports (``null``) or the error it raises;
+* ``modules``: every module of the diffusion path (``vllm_omni``, ``vllm_omni.diffusion.*``, the quant configs
+  ``vllm_omni.quantization.*``, the ``Omni`` / ``AsyncOmni`` entrypoints), and whether it imports (``null``) or
+  the first line of what it raises;
 * ``models``: vllm-omni's own Qwen-Image and Z-Image transformers at tiny sizes (``tests/support/omni_models.py``),
   from a checkpoint written here as safetensors, once complete and once with stragglers (a fused projection
   missing a shard, a linear missing entirely), loaded by ``DiffusersPipelineLoader.load_model``
@@ -45,18 +47,24 @@ def native_record_path(omni_version: str) -> Path:
 # ------------------------------------------------------------------------------------------------ modules
 
 
+# The diffusion path by module: the package, its quant configs, and the entrypoints a diffusion stage is served from.
+PATH_PACKAGES = ("diffusion", "quantization")
+PATH_MODULES = ("vllm_omni", "vllm_omni.entrypoints.omni", "vllm_omni.entrypoints.async_omni")
+
+
 def diffusion_module_names() -> list[str]:
-    """Every module under ``vllm_omni/diffusion`` by its files (nothing imported to list them)."""
+    """Every module of the diffusion path, by its files (nothing imported to list them)."""
     import importlib.util
 
     spec = importlib.util.find_spec("vllm_omni")
     root = Path(next(iter(spec.submodule_search_locations)))
-    names = []
-    for path in sorted((root / "diffusion").rglob("*.py")):
-        parts = path.relative_to(root.parent).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        names.append(".".join(parts))
+    names = [name for name in PATH_MODULES if importlib.util.find_spec(name) is not None]
+    for package in PATH_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root.parent).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            names.append(".".join(parts))
     return names
 
 
@@ -236,17 +244,17 @@ def record(*, modules: bool = True) -> dict:
     return result
 
 
-def compare(native: dict, cell: dict) -> list[str]:
-    """What differs between a cell's record and the native one, one line each ([] when native-equal)."""
-    if "import_error" in cell:
-        return [f"vllm_omni does not import: {cell['import_error']}"]
+def module_differences(native: dict, cell: dict) -> dict[str, tuple[str | None, str | None]]:
+    """module -> (native outcome, this cell's outcome) for every module whose importability differs."""
+    names = set(native["modules"]) | set(cell["modules"])
+    missing = "not in this vllm-omni"
+    return {name: (native["modules"].get(name, missing), cell["modules"].get(name, missing)) for name in sorted(names)
+            if (native["modules"].get(name, missing) is None) != (cell["modules"].get(name, missing) is None)}
+
+
+def model_differences(native: dict, cell: dict) -> list[str]:
+    """What differs in the loaded models and their outputs, one line each ([] when bit-equal)."""
     diffs = []
-    native_ok = {n for n, e in native["modules"].items() if e is None}
-    cell_ok = {n for n, e in cell["modules"].items() if e is None}
-    for name in sorted(native_ok - cell_ok):
-        diffs.append(f"module {name} imports natively, here: {cell['modules'].get(name, 'not in this vllm-omni')}")
-    for name in sorted(cell_ok - native_ok):
-        diffs.append(f"module {name} imports here, natively: {native['modules'].get(name)}")
     for arch, kinds in native["models"].items():
         for kind, expected in kinds.items():
             got = cell.get("models", {}).get(arch, {}).get(kind, {})
@@ -254,8 +262,9 @@ def compare(native: dict, cell: dict) -> list[str]:
             for key in ("load_error", "forward_error", "meta_left", "fp8_params", "output_finite"):
                 if got.get(key) != expected.get(key):
                     diffs.append(f"{where}: {key} {got.get(key)!r}, natively {expected.get(key)!r}")
-            changed = sorted(n for n in expected.get("params", {}) if got.get("params", {}).get(n) != expected["params"][n])
-            extra = sorted(set(got.get("params", {})) - set(expected.get("params", {})))
+            params = got.get("params", {})
+            changed = sorted(n for n, digest in expected.get("params", {}).items() if params.get(n) != digest)
+            extra = sorted(set(params) - set(expected.get("params", {})))
             if changed or extra:
                 diffs.append(f"{where}: {len(changed)} parameter(s) differ ({', '.join(changed[:3])}"
                              f"{', ...' if len(changed) > 3 else ''}), {len(extra)} extra")
@@ -263,6 +272,19 @@ def compare(native: dict, cell: dict) -> list[str]:
                 diffs.append(f"{where}: forward output differs (abs mean {got.get('output_abs_mean')}, natively "
                              f"{expected.get('output_abs_mean')})")
     return diffs
+
+
+def missing_target(error: str | None) -> str | None:
+    """The vLLM name an import error says is missing (``module.name`` or a module), else None."""
+    import re
+
+    if error is None:
+        return None
+    found = re.search(r"cannot import name '([\w.]+)' from '([\w.]+)'", error)
+    if found:
+        return f"{found[2]}.{found[1]}"
+    found = re.search(r"No module named '([\w.]+)'", error)
+    return found[1] if found else None
 
 
 def main(argv: list[str]) -> None:
