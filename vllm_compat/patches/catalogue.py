@@ -235,6 +235,32 @@ CATALOGUE: tuple[PatchEntry, ...] = (
         retire_when="the oldest vllm-omni you support no longer imports it from vLLM (0.30.0 does not)",
     ),
     PatchEntry(
+        id="multimodal_processing_info",
+        kind="stand-in",
+        module="vllm_compat.bridges.multimodal_processing_info",
+        target_module="vllm.multimodal.processing.processor",
+        target="MultiModalProcessingInfo",
+        why=(
+            "vLLM 0.31 replaced MultiModalProcessingInfo (a NamedTuple: kwargs, hashes, prompt_updates) by "
+            "MultiModalProcessingResult, which adds a required prompt_ids (so no alias); vllm-omni 0.30.0 imports it "
+            "at module level in vllm_omni/model_executor/models/qwen2_5_omni/qwen2_5_omni_thinker.py, which its "
+            "diffusion worker reaches (via config.pipeline_registry -> models.auk), so the worker does not start on "
+            "vLLM 0.31+."
+        ),
+        how=(
+            "When the processor module is imported without the name and an installed vllm-omni imports it (read from "
+            "its files), set vLLM 0.30's three-field NamedTuple there (annotations from the installed module, Any "
+            "where a name is gone; marked _vllm_compat_stand_in; its prompt_ids raises AttributeError). Only the "
+            "import is bridged, not the thinker's multimodal processing (its 0.30-shaped overrides raise loudly on "
+            "0.31+). Never replaces vLLM's own."
+        ),
+        upstream="vLLM 0.31.0 renamed MultiModalProcessingInfo to MultiModalProcessingResult and added prompt_ids",
+        serves=("vllm-omni 0.30.0's diffusion worker import chain on vLLM 0.31-0.33 (vLLM <= 0.30 keeps its own; "
+                "vllm-omni 0.24.0 does not import it)"),
+        retire_when="the oldest vllm-omni you support no longer imports "
+                    "vllm.multimodal.processing.processor.MultiModalProcessingInfo",
+    ),
+    PatchEntry(
         id="moved_names",
         kind="alias",
         module="vllm_compat.bridges.moved_names",
