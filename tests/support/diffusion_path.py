@@ -58,7 +58,8 @@ def diffusion_module_names() -> list[str]:
 
     spec = importlib.util.find_spec("vllm_omni")
     root = Path(next(iter(spec.submodule_search_locations)))
-    names = [name for name in PATH_MODULES if importlib.util.find_spec(name) is not None]
+    names = [name for name in PATH_MODULES
+             if name == "vllm_omni" or (root.parent / f"{name.replace('.', '/')}.py").exists()]
     for package in PATH_PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             parts = path.relative_to(root.parent).with_suffix("").parts
@@ -237,7 +238,7 @@ def record(*, modules: bool = True) -> dict:
     if "import_error" not in result:
         with tempfile.TemporaryDirectory(prefix="vc-diffusion-path-") as tmp:
             result["models"] = model_records(Path(tmp))
-    if modules:
+    if modules and "import_error" not in result:
         result["modules"] = import_outcomes(diffusion_module_names())
     result["decisions"] = {d.name: d.action for d in vllm_compat.current_decisions()}  # after every import hook ran
     result["seconds"] = round(time.monotonic() - started, 1)
