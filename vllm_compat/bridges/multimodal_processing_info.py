@@ -56,6 +56,7 @@ IMPORTERS = ("vllm_omni/model_executor/models/qwen2_5_omni/qwen2_5_omni_thinker.
 # vLLM 0.30's fields, in order, each with the name of its annotation in the processor module.
 FIELDS = (("kwargs", "MultiModalKwargsOptionalItems"), ("hashes", "MultiModalHashes"),
           ("prompt_updates", "MultiModalPromptUpdates"))
+_BUILT: dict = {}  # processor module name -> (annotations, the class built on them)
 
 
 def _prompt_ids(self):
@@ -69,13 +70,19 @@ def build_stand_in(owner) -> type:
     """vLLM 0.30's ``MultiModalProcessingInfo`` NamedTuple, its annotations resolved from ``owner`` (the processor
     module; a name it lacks is ``typing.Any``), and a ``prompt_ids`` property that raises ``AttributeError``."""
     namespace = vars(owner) if owner is not None else {}
-    info = NamedTuple(NAME, [(field, namespace.get(annotation, Any)) for field, annotation in FIELDS])
+    types = tuple(namespace.get(annotation, Any) for _, annotation in FIELDS)
+    key = namespace.get("__name__")
+    built = _BUILT.get(key)
+    if built is not None and all(a is b for a, b in zip(built[0], types)):
+        return built[1]  # the one built before on the same annotations: revert(); apply() puts back the same class
+    info = NamedTuple(NAME, list(zip((field for field, _ in FIELDS), types)))
     info.__module__ = ENTRY.target_module
     info.__qualname__ = NAME
     info.__doc__ = ("vLLM 0.30's result of BaseMultiModalProcessor._cached_apply_hf_processor (stand-in by "
                     "vllm_compat): lets vllm-omni 0.30.0's Qwen2.5-Omni thinker import; its processing is not "
                     "bridged, and prompt_ids raises AttributeError.")
     info.prompt_ids = property(_prompt_ids)
+    _BUILT[key] = (types, info)
     return info
 
 

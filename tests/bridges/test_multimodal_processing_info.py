@@ -1,0 +1,254 @@
+"""The ``MultiModalProcessingInfo`` stand-in on the real wheels: vllm-omni 0.30.0's Qwen2.5-Omni thinker (on its
+diffusion worker's import chain) dies at its vLLM processor import on vLLM 0.31+ without it (the real ImportError,
+reproduced first), gets past it with it, as far as the native pair (vllm-omni 0.30.0 on vLLM 0.30) gets; the
+stand-in is vLLM 0.30's NamedTuple, stays out where vLLM has it, and what it does not bridge (the thinker's own
+processing) fails loudly."""
+
+from __future__ import annotations
+
+import ast
+import glob
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import zipfile
+
+import pytest
+
+from conftest import needs_startup_hook, needs_vllm, run_python
+from vllm_compat.bridges import HostKind, StandInFacts, installed_omni_tree, is_ours
+from vllm_compat.bridges import multimodal_processing_info as bridge
+from vllm_compat.config import Controls
+from vllm_compat.decide import Action
+from vllm_compat.detect.static import StaticSite
+from vllm_compat.errors import PatchRefusedError
+from vllm_compat.patches import decide_entry
+
+STATIC = bridge.detect_static(StaticSite.installed())
+TARGET = bridge.ENTRY.target_path
+PROCESSOR = bridge.ENTRY.target_module
+THINKER = "vllm_omni.model_executor.models.qwen2_5_omni.qwen2_5_omni_thinker"
+THINKER_FILE = bridge.IMPORTERS[0]
+IMPORT_ERROR = f"ImportError: cannot import name '{bridge.NAME}' from '{PROCESSOR}'"
+# As far as the native pair gets on this machine: the thinker imports vLLM's Qwen2.5-Omni model, whose qwen2_vl
+# import reaches transformers' image processing, which needs torchvision (absent on the CPU test machine). vllm-omni
+# 0.30.0 on vLLM 0.30 (its own) stops there too; that is the outcome the bridged import must reach.
+NATIVE_OUTCOME = ("IMPORTED" if importlib.util.find_spec("torchvision") is not None
+                  else "ModuleNotFoundError: No module named 'torchvision'")
+needs_missing_name = pytest.mark.skipif(
+    STATIC.host != HostKind.LACKS or not STATIC.importers,
+    reason=f"needs vLLM >= 0.31 (no {TARGET}) with a vllm-omni that imports it (0.30.0); here: vLLM {STATIC.host} "
+    f"it, importers {list(STATIC.importers) or 'none'}",
+)
+needs_vllm_defining_it = pytest.mark.skipif(
+    STATIC.host != HostKind.DEFINES, reason=f"needs a vLLM that defines {TARGET} (<= 0.30); here: {STATIC.host}"
+)
+needs_thinker = pytest.mark.skipif(
+    not STATIC.importers, reason=f"needs a vllm-omni whose {THINKER_FILE} imports {bridge.NAME} (0.30.0)")
+
+# In a fresh interpreter: the thinker module's import (``module``; from its file under VLLM_COMPAT_DISABLE=1, where
+# ``import vllm_omni`` itself dies earlier on RoutedExpertsLists), then its own vLLM processor import statement, read
+# from its source and run as it is (``statement``): the line the module reaches once its other imports work.
+THINKER_RUN = f"""
+import ast, importlib, importlib.util, json, os, sys
+import vllm_compat
+DISABLED = os.environ.get("VLLM_COMPAT_DISABLE") == "1"
+if not DISABLED:
+    vllm_compat.apply()  # every bridge on, so `import vllm_omni` works (the startup hook does it too)
+
+def outcome(run):
+    try:
+        run()
+    except Exception as exc:
+        return f"{{type(exc).__name__}}: {{exc}}"
+    return "IMPORTED"
+
+path = os.path.join(os.path.dirname(importlib.util.find_spec("vllm_omni").origin), {THINKER_FILE[len("vllm_omni/"):]!r})
+
+def from_file():
+    spec = importlib.util.spec_from_file_location({THINKER!r}, path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+tree = ast.parse(open(path).read())
+statement = next(node for node in tree.body if isinstance(node, ast.ImportFrom) and node.module == {PROCESSOR!r})
+out = dict(
+    module=outcome(from_file if DISABLED else lambda: importlib.import_module({THINKER!r})),
+    statement=outcome(lambda: exec(compile(ast.Module([statement], []), path, "exec"), {{}})),
+)
+"""
+
+
+def run_thinker(extra: str = "", env: dict | None = None) -> dict:
+    result = run_python(THINKER_RUN + extra + '\nprint("RESULT", json.dumps(out))\n', env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.split("RESULT ", 1)[1])
+
+
+@pytest.mark.parametrize(
+    ("facts", "action"),
+    [
+        (StandInFacts(HostKind.LACKS, (f"{THINKER}:80 (module)",)), Action.PATCHED),
+        (StandInFacts(HostKind.LACKS, ()), Action.SKIPPED),
+        (StandInFacts(HostKind.DEFINES, (f"{THINKER}:80 (module)",)), Action.SKIPPED),
+        (StandInFacts(HostKind.NO_MODULE, (f"{THINKER}:80 (module)",)), Action.SKIPPED),
+        (StandInFacts(HostKind.ABSENT, ()), Action.PENDING),
+        (StandInFacts(HostKind.UNKNOWN, (f"{THINKER}:80 (module)",)), Action.PENDING),
+    ],
+    ids=["lacks+imported", "lacks+unused", "defines", "no-module", "no-vllm", "unknown"],
+)
+def test_decision_table(facts, action):
+    assert bridge.decide(facts, Controls()).action == action
+    assert decide_entry(bridge.ENTRY, facts, Controls(disabled_patches=frozenset({bridge.ENTRY.id}))).action == (
+        Action.DISABLED)
+
+
+@needs_vllm
+def test_static_and_runtime_facts_agree():
+    module = importlib.import_module(PROCESSOR)
+    assert bridge.compare(STATIC, bridge.detect_runtime(module)) == []
+
+
+def test_fields_are_vllm_0_30_s():
+    """The stand-in's fields (names, order, annotation names, no defaults) are those of vLLM 0.30's class, read from
+    the 0.30.0 wheel when the check's wheel cache has it, else as recorded."""
+    expected = (("kwargs", "MultiModalKwargsOptionalItems"), ("hashes", "MultiModalHashes"),
+                ("prompt_updates", "MultiModalPromptUpdates"))
+    wheels = glob.glob(os.path.join(os.environ.get("VLLM_COMPAT_WHEEL_CACHE", "/nonexistent"), "vllm-0.30.0-*.whl"))
+    if wheels:
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            source = wheel.read(PROCESSOR.replace(".", "/") + ".py").decode()
+        node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == bridge.NAME)
+        expected = tuple((s.target.id, ast.unparse(s.annotation)) for s in node.body if isinstance(s, ast.AnnAssign))
+        assert not any(s.value for s in node.body if isinstance(s, ast.AnnAssign))  # no defaults
+    assert bridge.FIELDS == expected
+    standalone = bridge.build_stand_in(None)  # no vLLM module: every annotation is Any
+    assert standalone._fields == tuple(f for f, _ in expected) and standalone._field_defaults == {}
+    assert standalone(kwargs=1, hashes=2, prompt_updates=3) == (1, 2, 3)
+
+
+@needs_missing_name
+def test_stand_in_annotations_come_from_the_installed_vllm_and_vllm_s_successor_rejects_the_old_call():
+    """On vLLM 0.31+ the three annotation names still live in the processor module (the stand-in uses them); vLLM's
+    MultiModalProcessingResult requires prompt_ids, so vllm-omni's three-keyword construction would raise on an
+    alias; the stand-in's prompt_ids (what vLLM reads) raises AttributeError, never a default."""
+    module = importlib.import_module(PROCESSOR)
+    stand_in = bridge.build_stand_in(module)
+    assert stand_in.__annotations__ == {f: getattr(module, a) for f, a in bridge.FIELDS}
+    assert stand_in.__module__ == PROCESSOR and stand_in.__name__ == bridge.NAME
+    with pytest.raises(TypeError, match="prompt_ids"):
+        module.MultiModalProcessingResult(kwargs={}, hashes={}, prompt_updates={})
+    value = stand_in(kwargs={}, hashes={}, prompt_updates={})
+    with pytest.raises(AttributeError, match="has no prompt_ids.*not bridged"):
+        value.prompt_ids  # noqa: B018
+
+
+@needs_missing_name
+def test_the_thinker_s_processing_is_not_bridged_and_fails_loudly():
+    """What the docstring says, checked on the installed pair (vllm-omni read from its files, not imported): vLLM's
+    ``apply`` calls ``_cached_apply_hf_processor(inputs, timing_ctx)`` and then ``_maybe_apply_prompt_updates(mm_items=,
+    mm_res=)``; vllm-omni 0.30.0's override of the first opens with ``self.cache`` (an AttributeError: vLLM 0.31+'s
+    processor sets no such attribute) and calls ``self._get_hf_mm_data`` (gone), its override of the second takes no
+    ``mm_res`` (a TypeError). Neither can return a stand-in value to vLLM."""
+    module = importlib.import_module(PROCESSOR)
+    base = module.BaseMultiModalProcessor
+    apply_source = inspect.getsource(base.apply)
+    assert "self._cached_apply_hf_processor(inputs, timing_ctx)" in apply_source and "mm_res=mm_res" in apply_source
+    assert "mm_res" in inspect.signature(base._maybe_apply_prompt_updates).parameters
+    assert "self.cache =" not in inspect.getsource(base) and not hasattr(base, "cache")
+    assert not hasattr(base, "_get_hf_mm_data")
+    tree = ast.parse(installed_omni_tree().read(THINKER_FILE))
+    processor = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("ThinkerMultiModalProcessor"))
+    methods = {n.name: n for n in processor.body if isinstance(n, ast.FunctionDef)}
+    first = methods["_cached_apply_hf_processor"].body[1]  # after the docstring
+    assert ast.unparse(first) == "cache = self.cache"
+    assert "self._get_hf_mm_data(" in ast.unparse(methods["_cached_apply_hf_processor"])
+    assert [a.arg for a in methods["_maybe_apply_prompt_updates"].args.args] == [
+        "self", "mm_items", "prompt_ids", "mm_kwargs", "mm_prompt_updates"]
+
+
+@needs_missing_name
+@pytest.mark.parametrize(
+    "env", [{"VLLM_COMPAT_DISABLE": "1"}, {"VLLM_COMPAT_DISABLE_PATCHES": bridge.ENTRY.id}],
+    ids=["disabled", "entry-disabled"],
+)
+def test_unpatched_thinker_fails_with_the_real_import_error(env):
+    """Without the stand-in, the thinker's vLLM processor import raises the real ImportError; the module import
+    itself stops there, or earlier where the native pair stops too (torchvision, absent here)."""
+    out = run_thinker(env=env)
+    assert out["statement"].startswith(IMPORT_ERROR), out
+    assert out["module"].startswith(IMPORT_ERROR) or out["module"] == NATIVE_OUTCOME != "IMPORTED", out
+
+
+@needs_missing_name
+@needs_startup_hook
+def test_thinker_gets_as_far_as_the_native_pair_with_the_stand_in_and_revert_removes_it():
+    """The fixed run: the thinker's processor import works, the module import reaches what vllm-omni 0.30.0 on vLLM
+    0.30 reaches (``NATIVE_OUTCOME``, never an error naming the removed name), the name is ours, and revert() takes out
+    exactly it from the processor module and apply() puts it back."""
+    out = run_thinker(f"""
+processor = sys.modules[{PROCESSOR!r}]
+info = processor.{bridge.NAME}
+out["mark"] = info._vllm_compat_stand_in
+out["fields"] = list(info._fields)
+out["decision"] = [d.action for d in vllm_compat.current_decisions() if d.name == {bridge.ENTRY.id!r}]
+before = set(vars(processor))
+vllm_compat.revert()
+out["removed"] = sorted(before - set(vars(processor)))
+out["added"] = sorted(set(vars(processor)) - before)
+vllm_compat.apply()
+out["back"] = getattr(processor, {bridge.NAME!r}, None) is info
+""")
+    assert out == {
+        "module": NATIVE_OUTCOME, "statement": "IMPORTED", "mark": bridge.ENTRY.id,
+        "fields": ["kwargs", "hashes", "prompt_updates"], "decision": ["patched"],
+        "removed": [bridge.NAME], "added": [], "back": True,
+    }
+
+
+@needs_missing_name
+def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
+    module = importlib.import_module(PROCESSOR)  # vllm_compat's hook (pytest plugin) ran
+    had = vars(module).get(bridge.NAME)
+    try:
+        bridge.uninstall(module)
+        names = set(vars(module))
+        decision = bridge.decide(bridge.detect_runtime(module), Controls())
+        assert decision.action == Action.PATCHED
+        assert bridge.install(module, decision, bridge.prepare(module, STATIC)) is True
+        assert bridge.install(module, decision, bridge.prepare(module, STATIC)) is False  # already there: a no-op
+        assert set(vars(module)) - names == {bridge.NAME} and is_ours(module.MultiModalProcessingInfo, bridge.ENTRY.id)
+        assert bridge.uninstall(module) is True and set(vars(module)) == names
+        assert bridge.uninstall(module) is False
+    finally:
+        if had is not None:
+            setattr(module, bridge.NAME, had)
+
+
+@needs_vllm_defining_it
+def test_stays_out_where_vllm_defines_it_and_matches_vllm_s_own():
+    """vLLM <= 0.30: its own class is left in place, and the stand-in built on that module is the same NamedTuple
+    (fields, annotations, no defaults)."""
+    import vllm_compat
+
+    module = importlib.import_module(PROCESSOR)
+    decisions = {d.name: d for d in vllm_compat.apply()}
+    assert decisions[bridge.ENTRY.id].action == Action.SKIPPED
+    own = module.MultiModalProcessingInfo
+    assert not is_ours(own) and own.__module__ == PROCESSOR
+    with pytest.raises(PatchRefusedError, match="never replaces a name vLLM defines"):
+        bridge.prepare(module, bridge.detect_runtime(module))
+    assert bridge.uninstall(module) is False and module.MultiModalProcessingInfo is own
+    stand_in = bridge.build_stand_in(module)
+    assert (stand_in._fields, stand_in.__annotations__, stand_in._field_defaults) == (
+        own._fields, own.__annotations__, own._field_defaults)
+
+
+@needs_vllm_defining_it
+@needs_thinker
+def test_native_pair_gets_as_far_as_the_bridged_one():
+    """vllm-omni 0.30.0 on vLLM 0.30, nothing bridged: the thinker's processor import works and the module import
+    reaches ``NATIVE_OUTCOME``, the outcome the bridged import on vLLM 0.31+ is held to."""
+    out = run_thinker()
+    assert out == {"module": NATIVE_OUTCOME, "statement": "IMPORTED"}
