@@ -98,3 +98,15 @@ def test_installed_version_is_importlib_metadatas(distribution):
     except metadata.PackageNotFoundError:
         expected = None
     assert installed_version(distribution) == expected
+
+
+def test_installed_version_sees_a_distribution_installed_meanwhile(tmp_path, monkeypatch):
+    """Listings are kept per directory mtime (apply() asks on every call): a new dist-info is seen at once."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    assert installed_version("vllm-compat-test-dist") is None
+    info = tmp_path / "vllm_compat_test_dist-1.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-compat-test-dist\nVersion: 1.2\n\n")
+    assert installed_version("vllm-compat-test-dist") == "1.2" == metadata.version("vllm-compat-test-dist")

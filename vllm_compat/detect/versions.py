@@ -39,29 +39,53 @@ def _normalized(name: str) -> str:
     return _SEPARATORS.sub("-", name).lower().replace("-", "_")
 
 
+# directory -> (its mtime_ns, {normalized name: first dist-info / egg-info child, (child,): its version}): apply()
+# and the hooks ask for versions on every call, so a directory is listed again only when it changed
+# (importlib.metadata also keys its listings by mtime).
+_LISTINGS: dict[str, tuple[int, dict[str, str]]] = {}
+
+
+def _dist_infos(directory: str, mtime_ns: int) -> dict[str, str]:
+    cached = _LISTINGS.get(directory)
+    if cached is not None and cached[0] == mtime_ns:
+        return cached[1]
+    found: dict[str, str] = {}
+    try:
+        children = os.listdir(directory)
+    except OSError:
+        children = []
+    for child in children:
+        low = child.lower()
+        if low.endswith((".dist-info", ".egg-info")):
+            found.setdefault(_normalized(low.rpartition(".")[0].partition("-")[0]), child)
+    _LISTINGS[directory] = (mtime_ns, found)
+    return found
+
+
 def _dist_info_version(distribution: str):
     """The version, None when no entry has it, or ``_UNSURE`` when only ``importlib.metadata`` can tell."""
+    import stat
+
     for finder in sys.meta_path:
         # Only the path finder answers distribution lookups in a plain interpreter; another finder that also
         # does could answer first.
-        if getattr(finder, "find_distributions", None) is not None and finder.__name__ != "PathFinder":
+        if (getattr(finder, "find_distributions", None) is not None
+                and getattr(finder, "__name__", None) != "PathFinder"):
             return _UNSURE
     wanted = _normalized(distribution)
     for entry in sys.path:
         directory = entry or "."
         try:
-            children = os.listdir(directory)
-        except NotADirectoryError:
-            return _UNSURE  # a zip (or egg) on the path: importlib.metadata reads inside it
+            status = os.stat(directory)
         except OSError:
             continue  # absent or unreadable: importlib.metadata finds nothing there either
-        for child in children:
-            low = child.lower()
-            if not low.endswith((".dist-info", ".egg-info")):
-                continue
-            if _normalized(low.rpartition(".")[0].partition("-")[0]) != wanted:
-                continue
-            version = _metadata_version(os.path.join(directory, child))
+        if not stat.S_ISDIR(status.st_mode):
+            return _UNSURE  # a zip (or egg) on the path: importlib.metadata reads inside it
+        infos = _dist_infos(directory, status.st_mtime_ns)
+        child = infos.get(wanted)
+        if child is not None:
+            # Read once per listing: a reinstall or upgrade makes a new dist-info, so a new directory mtime.
+            version = infos.setdefault((child,), _metadata_version(os.path.join(directory, child)))
             return _UNSURE if version is None else version
     return None
 
