@@ -85,7 +85,9 @@ def _dist_info_version(distribution: str):
         child = infos.get(wanted)
         if child is not None:
             # Read once per listing: a reinstall or upgrade makes a new dist-info, so a new directory mtime.
-            version = infos.setdefault((child,), _metadata_version(os.path.join(directory, child)))
+            if (child,) not in infos:
+                infos[(child,)] = _metadata_version(os.path.join(directory, child))
+            version = infos[(child,)]
             return _UNSURE if version is None else version
     return None
 
