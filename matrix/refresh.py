@@ -16,6 +16,7 @@ cell or the table differs, 2 when a download failed.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import shutil
@@ -28,6 +29,10 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = ROOT / "matrix" / "vllm.toml"
+# A measurement is reused while the wheels and the code that measured it are the same.
+ANALYSIS_DIGEST = hashlib.sha256(b"".join(
+    path.read_bytes() for path in sorted((ROOT / "vllm_compat" / "detect").glob("*.py")) + [Path(__file__)]
+)).hexdigest()[:12]
 
 
 def download(distribution: str, version: str, into: Path) -> Path:
@@ -117,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for cell in group:
                     omni = cell.get("vllm_omni")
-                    key = f"{vllm}+{omni or '-'}"
+                    key = f"{vllm}+{omni or '-'}+{ANALYSIS_DIGEST}"
                     if key not in cache:
                         vllm_wheel = download("vllm", vllm, vllm_dir)
                         omni_wheel = download("vllm-omni", omni, omni_dir) if omni else None
@@ -125,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                         args.cache.parent.mkdir(parents=True, exist_ok=True)
                         args.cache.write_text(json.dumps(cache, indent=1, sort_keys=True))
                     measured = cache[key]
-                    same = measured["expect"] == cell.get("expect") and (
-                        "unresolved" not in measured or measured["unresolved"] == cell.get("unresolved")
-                    )
+                    same = measured["expect"] == cell.get("expect") and all(
+                        key not in measured or measured[key] == cell.get(key)
+                        for key in ("unresolved", "worker_unresolved"))
                     rows.append((cell["id"], measured, same))
                     if not same and args.write:
                         MATRIX.write_text(rewrite(MATRIX.read_text(), cell["id"], measured))

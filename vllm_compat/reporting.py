@@ -151,7 +151,7 @@ class Report:
                 "missing) and vllm_compat has no bridge for it; nothing of it can run here, patched or not."))
         if drift is not None and not drift.worker_ok:
             return Verdict("will_not_start", 1, (
-                f"WILL NOT START: vllm-omni imports, but its diffusion worker ({drift.worker_module}) does not "
+                f"WILL NOT START: vllm-omni imports, but its diffusion stage ({drift.worker_module}) does not "
                 f"({', '.join(drift.still_worker_blocking_names)} missing) and vllm_compat has no bridge for it."))
         if self.runtime_error:
             return Verdict("failed", 1, "FAIL: the runtime check could not complete (see above).")

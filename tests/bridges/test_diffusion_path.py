@@ -143,16 +143,15 @@ def test_without_vllm_compat_the_cell_fails_where_it_patches(cell_record, tmp_pa
     """Where vllm_compat patches or bridges something on this path, turning it off brings back the real failure
     (the meta-tensor RuntimeError from the legacy loader, or vllm-omni's ImportError); where it does nothing
     (vllm-omni's own vLLM with a gated loader), the cell is native-equal without it too."""
-    relevant = {"diffusers_loader_meta_device", "routed_experts_lists"}
+    expected = {"diffusers_loader_meta_device": "Cannot copy out of meta tensor",
+                "routed_experts_lists": "RoutedExpertsLists", "input_preprocessor": "vllm.inputs.preprocess"}
     patched = sorted(name for name, action in cell_record["decisions"].items()
-                     if name in relevant and action == "patched")
+                     if name in expected and action == "patched")
     unpatched = _record(tmp_path / "unpatched.json", {"VLLM_COMPAT_DISABLE": "1"}, "--no-modules")
-    failures = [unpatched.get("import_error")] + [
+    failures = [unpatched.get("import_error"), unpatched.get("worker_error")] + [
         record.get("load_error") for kinds in unpatched.get("models", {}).values() for record in kinds.values()]
     failures = [f for f in failures if f]
     if not patched:
         assert failures == [], failures
         return
-    expected = {"diffusers_loader_meta_device": "Cannot copy out of meta tensor",
-                "routed_experts_lists": "RoutedExpertsLists"}
     assert any(expected[name] in failure for name in patched for failure in failures), (patched, failures)

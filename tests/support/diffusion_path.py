@@ -237,7 +237,10 @@ def record(*, modules: bool = True) -> dict:
         result["import_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     if "import_error" not in result:
         with tempfile.TemporaryDirectory(prefix="vc-diffusion-path-") as tmp:
-            result["models"] = model_records(Path(tmp))
+            try:
+                result["models"] = model_records(Path(tmp))
+            except Exception as exc:  # noqa: BLE001 - e.g. the worker's modules not importing: the cell's outcome
+                result["worker_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     if modules and "import_error" not in result:
         result["modules"] = import_outcomes(diffusion_module_names())
     result["decisions"] = {d.name: d.action for d in vllm_compat.current_decisions()}  # after every import hook ran
@@ -255,6 +258,8 @@ def module_differences(native: dict, cell: dict) -> dict[str, tuple[str | None, 
 
 def model_differences(native: dict, cell: dict) -> list[str]:
     """What differs in the loaded models and their outputs, one line each ([] when bit-equal)."""
+    if "worker_error" in cell:
+        return [f"the worker could not be set up: {cell['worker_error']}"]
     diffs = []
     for arch, kinds in native["models"].items():
         for kind, expected in kinds.items():

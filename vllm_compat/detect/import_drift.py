@@ -35,8 +35,11 @@ from dataclasses import dataclass, field
 from .static import SourceTree, _tree_of
 
 PLUGINS = {"vllm-omni": "vllm_omni"}  # distribution -> top-level package checked against vLLM
-# What a plugin's serving process imports beyond the package: a worker that does not import does not start.
-WORKERS = {"vllm_omni": "vllm_omni.diffusion.worker.diffusion_worker"}
+# What a plugin's diffusion stage imports beyond the package (the stage process, its engine, the worker): a stage
+# whose modules do not import does not start. The engine is its own root: vllm-omni 0.30.0's diffusion KV-cache
+# setup is reached from it, not from the worker.
+WORKERS = {"vllm_omni": ("vllm_omni.diffusion.worker.diffusion_worker", "vllm_omni.diffusion.diffusion_engine",
+                         "vllm_omni.diffusion.stage_diffusion_proc")}
 HOST = "vllm"
 
 _TRIPLE = re.compile(r'"""|\'\'\'')
@@ -79,7 +82,7 @@ class ImportDrift:
     unknown: int  # imports whose target could not be decided (lazy ``__getattr__``, compiled modules)
     unresolved: tuple[UnresolvedImport, ...] = ()
     blocking: tuple[UnresolvedImport, ...] = ()  # the unresolved ones ``import <plugin>`` itself runs
-    worker_module: str | None = None  # the plugin's worker module (``WORKERS``), None when the tree lacks it
+    worker_module: str | None = None  # the diffusion stage's modules (``WORKERS``), None when the tree has none
     worker_blocking: tuple[UnresolvedImport, ...] = ()  # the unresolved ones importing the worker runs
     # (target, catalogue entry id) for the unresolved targets a vllm_compat bridge provides (``with_bridges``)
     bridged: tuple[tuple[str, str], ...] = ()
@@ -685,12 +688,12 @@ def check_import_drift(plugin_tree: SourceTree, host_tree: SourceTree, plugin: s
                     elif answer == "no":
                         unresolved.append(UnresolvedImport(importer, line, module, name, "name not defined"))
     unresolved = [_name_missing_package(index, u) for u in unresolved]
-    worker = WORKERS.get(plugin)
-    worker_reached = _reached(worker, modules, edges) if worker in modules else set()
+    stage = [module for module in WORKERS.get(plugin, ()) if module in modules]
+    worker_reached = set().union(*(_reached(module, modules, edges) for module in stage))
     return ImportDrift(plugin=plugin, files=len(files), checked=checked, unknown=unknown,
                        unresolved=tuple(unresolved),
                        blocking=tuple(u for u in unresolved if u.importer in _reached(plugin, modules, edges)),
-                       worker_module=worker if worker in modules else None,
+                       worker_module=", ".join(stage) or None,
                        worker_blocking=tuple(u for u in unresolved if u.importer in worker_reached))
 
 
