@@ -39,6 +39,10 @@ DEFAULT_CELLS = [c for c in CELLS if c.get("default")]
 # PyPI's torchvision/torchaudio/torchcodec fail to import beside a CPU torch override; transformers and
 # diffusers work without them.
 BROKEN_BESIDE_CPU_TORCH = ["torchvision", "torchaudio", "torchcodec"]
+# pytest-xdist: one worker per core (VLLM_COMPAT_TEST_WORKERS=N, or 0 for none), whole files per worker so a
+# module's fixtures (the diffusion-path record, the HSDP runs) are built once. Each worker has its own warm
+# server for its subprocess checks (tests/support/warm_python.py).
+TEST_WORKERS = ["-n", os.environ.get("VLLM_COMPAT_TEST_WORKERS", "auto"), "--dist", "loadfile"]
 
 
 def _override_args(session: nox.Session, cell: dict) -> list[str]:
@@ -89,7 +93,7 @@ def _run_cell(session: nox.Session, cell: dict) -> None:
     _install_cell(session, cell)
     env = _cell_env(cell)
     session.run("python", "-m", "vllm_compat", "doctor", env=env, success_codes=[0, 1])
-    session.run("pytest", "--strict-markers", *session.posargs, env=env)
+    session.run("pytest", "--strict-markers", *TEST_WORKERS, *session.posargs, env=env)
 
 
 @nox.session(name="tests")
@@ -162,8 +166,8 @@ def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
     junit = workdir / f"{cell['id']}.junit.xml"
     test_started = time.monotonic()
     try:
-        session.run(python, "-m", "pytest", "--strict-markers", "-q", f"--junitxml={junit}", *session.posargs,
-                    env=env, external=True)
+        session.run(python, "-m", "pytest", "--strict-markers", "-q", f"--junitxml={junit}", *TEST_WORKERS,
+                    *session.posargs, env=env, external=True)
         row["ok"] = "error" not in row
     except nox.command.CommandFailed:
         pass

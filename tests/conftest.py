@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from tests.support.warm_python import WARM
 from vllm_compat.detect.versions import installed_version
 
 VLLM_VERSION = installed_version("vllm")
@@ -46,22 +47,31 @@ needs_omni = pytest.mark.skipif(
 omni_importable_or_absent = pytest.mark.skipif(bool(OMNI_IMPORT_BLOCKERS), reason=_BLOCKED)
 
 
-def run_python(code: str, env: dict | None = None, timeout: float = 300, script=None) -> subprocess.CompletedProcess:
+def clean_env(env: dict | None = None) -> dict:
+    """This process's environment without the ``VLLM_COMPAT_*`` controls (the cell's expectations among them),
+    plus ``env``."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_COMPAT_")}
+    full_env.update(env or {})
+    return full_env
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 300, script=None,
+               warm: bool = False) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter of this env (so import hooks and module state start clean).
 
     With ``script`` (a path), the code is written there and run as a file: multiprocessing's spawn needs
-    a real ``__main__`` file to re-import.
+    a real ``__main__`` file to re-import. With ``warm``, a child of the warm server runs it
+    (``tests/support/warm_python.py``: vLLM, vllm-omni and vllm_compat imported fresh, the third-party packages
+    they pull in already loaded); for code that imports vLLM and looks at nothing those packages decide.
     """
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_COMPAT_")}
-    full_env.update(env or {})
-    command = [sys.executable, "-c", textwrap.dedent(code)]
+    code = textwrap.dedent(code)
+    if warm and script is None:
+        return WARM.run(["-c", code], clean_env(env), os.getcwd(), timeout)
+    command = [sys.executable, "-c", code]
     if script is not None:
-        script.write_text(textwrap.dedent(code))
+        script.write_text(code)
         command = [sys.executable, str(script)]
-    return subprocess.run(
-        command,
-        capture_output=True, text=True, env=full_env, timeout=timeout,
-    )
+    return subprocess.run(command, capture_output=True, text=True, env=clean_env(env), timeout=timeout)
 
 
 def _static_capabilities():

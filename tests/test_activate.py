@@ -56,6 +56,7 @@ def test_hook_patches_once_under_racing_threads_reload_and_revert():
         """,
         # Forced, so a loader that is already fixed upstream (skipped under auto) is patched too.
         env={"VLLM_COMPAT_LOADER_VARIANT": "meta_safe"},
+        warm=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.split("RESULT", 1)[1])
@@ -124,6 +125,7 @@ def test_disable_leaves_the_loader_untouched():
               vllm_compat.report().to_dict()["patches"][0]["action"])
         """,
         env={"VLLM_COMPAT_DISABLE": "1"},
+        warm=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-3:] == ["None", "['disabled']", "disabled"]
@@ -145,6 +147,7 @@ def test_invalid_variant_fails_the_import_loudly_then_a_valid_one_patches():
         print("VARIANT", installed_variant(module.DiffusersPipelineLoader))
         """,
         env={"VLLM_COMPAT_LOADER_VARIANT": "fastest"},
+        warm=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ERROR VLLM_COMPAT_LOADER_VARIANT='fastest' is not a loader variant" in result.stdout

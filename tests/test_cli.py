@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from conftest import omni_importable_or_absent
+from tests.support.warm_python import WARM
 
 
 @pytest.mark.parametrize(
@@ -16,8 +18,8 @@ from conftest import omni_importable_or_absent
 )
 def test_doctor_json_stdout_is_only_the_json(mode):
     """``doctor --runtime --json | python -m json.tool`` works: vLLM's log lines go to stderr."""
-    command = [sys.executable, "-m", "vllm_compat", "doctor", "--json"] + (["--runtime"] if mode == "runtime" else [])
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    args = ["-m", "vllm_compat", "doctor", "--json"] + (["--runtime"] if mode == "runtime" else [])
+    result = WARM.run(args, dict(os.environ), os.getcwd(), timeout=600)
     assert result.returncode in (0, 1), result.stderr[-2000:]
     data = json.loads(result.stdout)  # the whole stdout, nothing searched for
     assert data["mode"] == mode

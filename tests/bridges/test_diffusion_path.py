@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import tomllib
 
-from conftest import OMNI_IMPORT_BLOCKERS, OMNI_VERSION, VLLM_VERSION
+from conftest import OMNI_IMPORT_BLOCKERS, OMNI_VERSION, VLLM_VERSION, clean_env
 from tests.support.diffusion_path import (
     missing_target,
     model_differences,
     module_differences,
     native_record_path,
 )
+from tests.support.warm_python import WARM
 from vllm_compat.detect.versions import installed_version
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,11 +56,9 @@ unbridged_import = pytest.mark.xfail(
 
 
 def _record(out: Path, env: dict | None = None, *flags: str) -> dict:
-    """The record of this cell, from a fresh interpreter (startup hook and import order as in a worker)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_COMPAT_")}
-    full_env.update(env or {})
-    proc = subprocess.run([sys.executable, "-m", "tests.support.diffusion_path", str(out), *flags], cwd=ROOT,
-                          env=full_env, capture_output=True, text=True, timeout=900)
+    """The record of this cell, from a fresh interpreter's start (startup hook and import order as in a worker; a
+    child of the warm server: ``tests/support/warm_python.py``)."""
+    proc = WARM.run(["-m", "tests.support.diffusion_path", str(out), *flags], clean_env(env), ROOT, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 

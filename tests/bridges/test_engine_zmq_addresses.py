@@ -172,11 +172,11 @@ def test_unpatched_the_importer_raises_import_error_and_imports_with_the_stand_i
     code = (f"import vllm_compat\n"
             f"try:\n    import {IMPORTER} as m\nexcept ImportError as exc:\n    print('ImportError:', exc)\n"
             f"else:\n    print('imported', getattr(m.{stand_in.NAME}, '_vllm_compat_stand_in', None))\n")
-    unpatched = run_python(code, env={"VLLM_COMPAT_DISABLE_PATCHES": stand_in.ENTRY.id}, timeout=400)
+    unpatched = run_python(code, env={"VLLM_COMPAT_DISABLE_PATCHES": stand_in.ENTRY.id}, timeout=400, warm=True)
     assert unpatched.returncode == 0, unpatched.stderr[-3000:]
     assert (f"ImportError: cannot import name '{stand_in.NAME}' from '{stand_in.ENTRY.target_module}'"
             in unpatched.stdout), unpatched.stdout[-2000:]
-    patched = run_python(code, timeout=400)
+    patched = run_python(code, timeout=400, warm=True)
     assert patched.returncode == 0, patched.stderr[-3000:]
     assert f"imported {stand_in.ENTRY.id}" in patched.stdout, patched.stdout[-2000:]
 

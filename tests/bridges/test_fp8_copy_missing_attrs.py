@@ -127,6 +127,7 @@ def test_unpatched_entry_quant_configs_fail_with_the_real_import_error():
         print("RESULT", json.dumps(out))
         """,
         env={"VLLM_COMPAT_DISABLE_PATCHES": bridge.ENTRY.id},
+        warm=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.split("RESULT ", 1)[1])
@@ -157,6 +158,7 @@ def test_disabled_quant_configs_fail_with_the_real_import_error():
         print("RESULT", json.dumps(out))
         """,
         env={"VLLM_COMPAT_DISABLE": "1"},
+        warm=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.split("RESULT ", 1)[1])
@@ -191,7 +193,8 @@ out["added"] = sorted(set(vars(fp8)) - before)
 vllm_compat.apply()
 out["back"] = getattr(fp8, "_copy_missing_attrs", None) is copy
 print("RESULT", json.dumps(out))
-"""
+""",
+        warm=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.split("RESULT ", 1)[1])

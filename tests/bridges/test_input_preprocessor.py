@@ -86,6 +86,7 @@ def test_unpatched_diffusion_worker_fails_with_the_real_module_not_found_error()
             print("IMPORTED")
         """,
         env={"VLLM_COMPAT_DISABLE_PATCHES": bridge.ENTRY.id},
+        warm=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "PACKAGE-IMPORTED" in result.stdout, result.stdout[-2000:]
@@ -123,7 +124,8 @@ def test_diffusion_worker_imports_with_the_stand_in_and_revert_removes_it():
         vllm_compat.apply()
         out["back"] = sys.modules.get("{TARGET}") is module and parent.preprocess is module
         print("RESULT", json.dumps(out))
-        """
+        """,
+        warm=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.split("RESULT ", 1)[1])

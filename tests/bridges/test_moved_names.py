@@ -107,7 +107,7 @@ def test_unpatched_old_name_fails_with_the_real_import_error(env):
             print("IMPORT-ERROR", exc)
         else:
             print("IMPORTED")
-        """, env=env)
+        """, env=env, warm=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"IMPORT-ERROR cannot import name '{name}' from '{module}'" in result.stdout, result.stdout[-2000:]
 
@@ -137,7 +137,7 @@ def test_old_name_resolves_to_the_new_definition_and_revert_removes_exactly_it()
         vllm_compat.apply()
         out["back"] = getattr(host, "{name}", None) is new_home.{new_name}
         print("RESULT", json.dumps(out))
-        """)
+        """, warm=True)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.split("RESULT ", 1)[1])
     assert name in out["removed"] and out.pop("removed") == out.pop("ours")
@@ -178,7 +178,7 @@ def test_old_module_path_is_the_new_module_and_revert_removes_it():
         except ImportError as exc:
             out["unpatched"] = type(exc).__name__
         print("RESULT", json.dumps(out))
-        """)
+        """, warm=True)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.split("RESULT ", 1)[1])
     assert out == {"same": True, "spec": fact.new, "gone": True, "unpatched": "ModuleNotFoundError"}

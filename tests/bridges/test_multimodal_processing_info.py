@@ -81,7 +81,7 @@ out = dict(
 
 
 def run_thinker(extra: str = "", env: dict | None = None) -> dict:
-    result = run_python(THINKER_RUN + extra + '\nprint("RESULT", json.dumps(out))\n', env=env, timeout=900)
+    result = run_python(THINKER_RUN + extra + '\nprint("RESULT", json.dumps(out))\n', env=env, timeout=900, warm=True)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.split("RESULT ", 1)[1])
 

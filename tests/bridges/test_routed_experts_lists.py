@@ -70,6 +70,7 @@ def test_unpatched_import_of_vllm_omni_fails_with_the_real_import_error(env):
             print("IMPORTED")
         """,
         env=env,
+        warm=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"IMPORT-ERROR {IMPORT_ERROR}" in result.stdout, result.stdout[-2000:]
@@ -106,7 +107,8 @@ def test_vllm_omni_imports_with_the_stand_in_and_revert_removes_it():
         vllm_compat.apply()
         out["back"] = getattr(outputs, "RoutedExpertsLists", None) is RoutedExpertsLists
         print("RESULT", json.dumps(out))
-        """
+        """,
+        warm=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.split("RESULT ", 1)[1])

@@ -82,6 +82,7 @@ def test_agrees_with_a_real_import():
         """,
         env={"VLLM_COMPAT_DISABLE": "1"},  # the raw check is about vLLM as it is: no bridge (startup hook) in place
         timeout=600,
+        warm=True,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     imported = "IMPORTED" in result.stdout
@@ -293,14 +294,14 @@ def test_report_says_the_plugin_will_not_import_and_exits_1():
 
 @both_installed
 def test_doctor_shows_the_drift_of_this_env():
-    result = run_python("from vllm_compat.cli import main; raise SystemExit(main(['doctor', '--json']))")
+    result = run_python("from vllm_compat.cli import main; raise SystemExit(main(['doctor', '--json']))", warm=True)
     data = json.loads(result.stdout)
     drift = data["import_drift"]
     assert drift is not None and drift["plugin"] == "vllm_omni"
     assert result.returncode == data["exit_code"]
     if not drift["import_ok"]:
         assert result.returncode == 1
-        text = run_python("from vllm_compat.cli import main; raise SystemExit(main(['doctor']))")
+        text = run_python("from vllm_compat.cli import main; raise SystemExit(main(['doctor']))", warm=True)
         assert "WILL NOT IMPORT" in text.stdout and "will not import" in text.stdout
 
 

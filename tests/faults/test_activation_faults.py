@@ -143,7 +143,7 @@ out["disable_late"] = [d.action, installed_variant(original), vllm_compat.report
 print("RESULT" + json.dumps(out))
 """
     # Forced, so a loader already fixed upstream (skipped under auto) is patched too and every check bites.
-    return result_of(run_python(code, env={"VLLM_COMPAT_LOADER_VARIANT": "meta_safe"}, timeout=600))
+    return result_of(run_python(code, env={"VLLM_COMPAT_LOADER_VARIANT": "meta_safe"}, timeout=600, warm=True))
 
 
 def test_vllm_compat_imported_twice_patches_once(out):

@@ -106,7 +106,7 @@ class Broken:
                     return spec
 sys.meta_path.insert(0, Broken())
 """
-    out = result_of(run_python(blocker + REPORT.replace('"--runtime" in sys.argv', "True")))
+    out = result_of(run_python(blocker + REPORT.replace('"--runtime" in sys.argv', "True"), warm=True))
     drift = out["static"]["import_drift"]
     # static detection reads files only: unaffected (1 only where vllm-omni cannot import on this vLLM anyway)
     assert out["static_code"] == (1 if drift is not None and not (drift["import_ok"] and drift["worker_ok"]) else 0)
@@ -132,7 +132,7 @@ def test_unknown_or_inconsistent_vllm_version_keeps_detection_from_files(tmp_pat
     site = _support.isolated_site(tmp_path / "site", exclude_dist=("vllm",))
     meta = _fake_dist(tmp_path / "meta", "vllm", version)
     out = result_of(run_isolated(REPORT, site, extra_paths=[meta]))
-    real = result_of(run_python(REPORT))
+    real = result_of(run_python(REPORT, warm=True))
     assert out["static"]["vllm"]["version"] == version
     assert out["static"]["vllm"]["tested"] is tested
     assert out["static"]["vllm"]["capabilities"] == real["static"]["vllm"]["capabilities"]
@@ -145,7 +145,7 @@ def test_unknown_or_inconsistent_vllm_version_keeps_detection_from_files(tmp_pat
 def test_vllm_distribution_metadata_missing(tmp_path):
     site = _support.isolated_site(tmp_path / "site", exclude_dist=("vllm",))
     out = result_of(run_isolated(REPORT, site))
-    real = result_of(run_python(REPORT))
+    real = result_of(run_python(REPORT, warm=True))
     drift = real["static"]["import_drift"]
     if drift and drift["bridged"]:
         # `python -S` reads no .pth: the startup hook that puts those bridges in place before vllm-omni (and its
@@ -255,7 +255,7 @@ for name in {list(SHAPES)!r}:
         row["forced_call"] = str(model.blocks[0].proj_out.weight.dtype)
 print("RESULT" + json.dumps(out))
 """
-    out = result_of(run_python(code))
+    out = result_of(run_python(code, warm=True))
     for name, (_, auto, forced) in SHAPES.items():
         row = out[name]
         assert (row["auto"], row["forced"]) == (auto, forced), (name, row)
@@ -316,7 +316,7 @@ out["unknown_lenient"] = attempt(HEADER + {SHAPES['unknown_body'][0]!r})
 out["good"] = attempt(HEADER + {SHAPES['future_extra_kwargs'][0]!r}, VLLM_COMPAT_LOADER_VARIANT="legacy")
 print("RESULT" + json.dumps(out))
 """
-    out = result_of(run_python(code))
+    out = result_of(run_python(code, warm=True))
     assert out["broken"][:2] == ["ModuleNotFoundError", "No module named 'huggingface_hub_missing_dep'"]
     assert out["raises_inside"][:2] == ["RuntimeError", "loader exploded at import"]
     assert out["broken"][2] == out["raises_inside"][2] == []  # nothing recorded: the hook never ran

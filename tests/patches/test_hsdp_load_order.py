@@ -10,15 +10,14 @@ failure: processing after sharding, and a forward that does not use the processe
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import needs_omni, needs_online_processing
+from conftest import clean_env, needs_omni, needs_online_processing
+from tests.support.warm_python import WARM
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -52,27 +51,23 @@ def runs(order_shape, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("hsdp_order")
     write_checkpoint(root / "checkpoint")
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_COMPAT_")}
     started = {}
     for scenario, extra_env in SCENARIOS.items():
         for world_size in (1, 2):
             port = _free_port()
             outs = [root / f"{scenario}-ws{world_size}-rank{rank}.json" for rank in range(world_size)]
-            procs = [
-                subprocess.Popen(
-                    [sys.executable, "-m", "tests.patches._hsdp_order_worker", str(out), str(world_size), str(rank),
-                     str(port), str(root / "checkpoint")],
-                    cwd=REPO, env={**base_env, **extra_env, "OMP_NUM_THREADS": "1"},
-                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                )
+            ranks = [
+                WARM.start(["-m", "tests.patches._hsdp_order_worker", str(out), str(world_size), str(rank), str(port),
+                            str(root / "checkpoint")], clean_env({**extra_env, "OMP_NUM_THREADS": "1"}), REPO,
+                           timeout=900)
                 for rank, out in enumerate(outs)
             ]
-            started[(scenario, world_size)] = (procs, outs)
+            started[(scenario, world_size)] = (ranks, outs)
     results = {}
-    for key, (procs, outs) in started.items():
-        for proc in procs:
-            _, stderr = proc.communicate(timeout=900)
-            assert proc.returncode == 0, f"{key}: worker failed:\n{stderr[-3000:]}"
+    for key, (ranks, outs) in started.items():
+        for rank in ranks:
+            proc = rank.wait()
+            assert proc.returncode == 0, f"{key}: worker failed:\n{proc.stderr[-3000:]}"
         results[key] = [json.loads(out.read_text()) for out in outs]
     return results
 
