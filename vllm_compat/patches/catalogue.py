@@ -261,6 +261,34 @@ CATALOGUE: tuple[PatchEntry, ...] = (
                     "vllm.multimodal.processing.processor.MultiModalProcessingInfo",
     ),
     PatchEntry(
+        id="kv_cache_configs",
+        kind="stand-in",
+        module="vllm_compat.bridges.kv_cache_configs",
+        target_module="vllm.v1.core.kv_cache_utils",
+        target="get_kv_cache_configs",
+        why=(
+            "vLLM 0.33 moved get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory) to "
+            "vllm.v1.core.kv_cache_planning and split it: get_global_kv_cache_groups(vllm_config, kv_cache_specs) "
+            "groups (asking model_config.supports_kv_cache_grouping), get_kv_cache_configs(..., "
+            "global_kv_cache_groups) plans (so no alias); vllm-omni 0.30.0 imports the old name at module level in "
+            "vllm_omni/diffusion/diffusion_kv/initialization.py, which vllm_omni.diffusion.diffusion_engine imports, "
+            "so the diffusion engine, stage process and worker die with ImportError on vLLM 0.33."
+        ),
+        how=(
+            "When kv_cache_utils is imported without the name, an installed vllm-omni imports it (read from its "
+            "files), its calls pass the three old arguments, and the planning module beside it has the measured "
+            "shapes (read from its file), set our function there (marked _vllm_compat_stand_in): vLLM 0.33's "
+            "get_global_kv_cache_groups on a view of vllm_config whose model_config answers "
+            "supports_kv_cache_grouping=False (0.32's default grouping; vllm-omni's diffusion model config has no "
+            "such attribute), then its get_kv_cache_configs with those groups, both looked up at each call. Never "
+            "replaces vLLM's own."
+        ),
+        upstream="vLLM 0.33.0's KV-cache planning rewrite (vllm/v1/core/kv_cache_planning.py, KVCacheConfigBuilder)",
+        serves=("vllm-omni 0.30.0's diffusion engine / paged diffusion KV setup on vLLM 0.33 (vLLM <= 0.32 keeps its "
+                "own; vllm-omni 0.24.0 does not import it)"),
+        retire_when="the oldest vllm-omni you support no longer imports vllm.v1.core.kv_cache_utils.get_kv_cache_configs",
+    ),
+    PatchEntry(
         id="moved_names",
         kind="alias",
         module="vllm_compat.bridges.moved_names",

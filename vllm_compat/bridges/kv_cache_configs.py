@@ -1,0 +1,292 @@
+"""Stand-in for ``vllm.v1.core.kv_cache_utils.get_kv_cache_configs``, moved and split in two by vLLM 0.33.0.
+
+Why: vLLM <= 0.32 has ``get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory) -> list[KVCacheConfig]``
+in ``kv_cache_utils`` (merge the workers' specs, group the layers, auto-fit / check memory, one config per worker
+with the smallest block count); vLLM 0.33's KV-cache planning rewrite moved it to ``vllm.v1.core.kv_cache_planning``
+and cut the grouping out: ``get_global_kv_cache_groups(vllm_config, kv_cache_specs)`` groups (through a platform
+``KVCacheConfigBuilder``, which asks ``model_config.supports_kv_cache_grouping`` whether the model groups its own
+layers), and ``get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory, global_kv_cache_groups)`` plans.
+vllm-omni 0.30.0 imports the old name at module level in ``vllm_omni/diffusion/diffusion_kv/initialization.py``,
+which ``vllm_omni.diffusion.diffusion_engine`` imports, so on vLLM 0.33 that module, the diffusion engine, its stage
+clients and process, and LingBot-World's modules (which reach it) die with ``ImportError`` (on the CPU test machine,
+7 modules that import with vllm-omni 0.30.0's own vLLM, ``matrix/native/vllm-omni-0.30.0.json``).
+When: ``kv_cache_utils`` lacks the name and an installed vllm-omni imports it (read from its files); installed only
+where vllm-omni's calls pass the three old arguments and nothing else, and vLLM's two 0.33 functions and the grouping
+question have the shapes below (otherwise refused). A vLLM that defines it (<= 0.32) keeps its own. The hook on
+``kv_cache_utils`` (registered by the startup ``.pth``) puts it there before the importer runs.
+Retire when: the oldest supported vllm-omni no longer imports ``vllm.v1.core.kv_cache_utils.get_kv_cache_configs``.
+
+The definition is the smallest that satisfies the caller: vllm-omni 0.30.0 calls it once, in
+``build_native_kv_cache_configs`` (paged diffusion KV, ``diffusion_kv_mode=paged_scheduler``; the default dense mode
+never calls it), as ``get_kv_cache_configs(vllm_config, worker_specs, available_memory)``, and hands the list to
+vLLM's ``generate_scheduler_kv_cache_config`` and to its workers. The stand-in makes vLLM 0.33's own two calls (its
+``EngineCore`` makes the same pair): ``get_global_kv_cache_groups``, then ``get_kv_cache_configs`` with those
+groups, both looked up at each call (the planning module is imported then, never by the hook, which runs while
+vLLM's KV modules are still loading). One difference is bridged: vLLM 0.32 had no model-declared grouping, and
+vllm-omni's diffusion ``model_config`` (``_DiffusionVllmModelConfig``, not a vLLM ``ModelConfig``) has no
+``supports_kv_cache_grouping``, so 0.33's default builder would raise ``AttributeError``; the grouping call gets a
+view of ``vllm_config`` whose ``model_config`` answers ``False`` (vLLM's default grouping, what 0.32 always did) and
+passes every other read and write through. The planning call gets the real ``vllm_config`` (auto-fit writes its
+``max_model_len`` there, as 0.32 did). Measured (``tests/bridges/test_kv_cache_configs.py``): for full-attention,
+hybrid sliding-window, two-rank, pipeline-stage, auto-fit, block-override, attention-free and too-little-memory
+inputs, the stand-in on vLLM 0.33 returns field for field what vLLM 0.32's function returns (0.30's too, on the
+fields 0.30 has) and raises the same error. Not reproduced: 0.33's EngineCore also calls
+``adjust_dcp_kv_cache_interleave_size`` (NIXL with decode-context parallelism; never part of the old function), and a
+platform with its own ``KVCacheConfigBuilder`` places tensors its way, as it does for vLLM 0.33's engine. ``revert()``
+takes it off vLLM's module; a vllm-omni module that imported it already keeps its own reference, as with every
+stand-in.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..decide import Action, Decision
+from ..errors import PatchRefusedError
+from ..patches.catalogue import CATALOGUE
+from . import (
+    HostKind,
+    StandInFacts,
+    compare_stand_in,
+    decide_stand_in,
+    host_lookup,
+    installed_omni_tree,
+    is_ours,
+    omni_importers,
+    provide,
+    withdraw,
+)
+
+ENTRY = next(e for e in CATALOGUE if e.module == __name__)
+NAME = ENTRY.target
+# The vllm-omni file that imports it (0.30.0; 0.24.0 has no diffusion KV): read, never imported.
+IMPORTERS = ("vllm_omni/diffusion/diffusion_kv/initialization.py",)
+# vLLM 0.33's planning module, beside kv_cache_utils, and the shapes the stand-in relies on.
+PLANNING_MODULE = "vllm.v1.core.kv_cache_planning"
+PLANNING_FILE = PLANNING_MODULE.replace(".", "/") + ".py"
+GROUPING, GROUPING_PARAMS = "get_global_kv_cache_groups", ("vllm_config", "kv_cache_specs")
+PLANNER, PLANNER_PARAMS = NAME, ("vllm_config", "kv_cache_specs", "available_memory", "global_kv_cache_groups")
+GROUPING_FLAG = "supports_kv_cache_grouping"  # read on vllm_config.model_config by 0.33's default builder
+CALL_ARGS = ("vllm_config", "kv_cache_specs", "available_memory")  # the old function's, all required
+
+
+class Shape:
+    KNOWN = "known"
+    UNKNOWN = "unknown"  # refused, with the detail
+    ABSENT = "absent"  # vLLM not installed, or it defines the name (nothing to build on)
+
+
+@dataclass(frozen=True)
+class KVCacheConfigsFacts:
+    """A stand-in's facts (``host``, ``importers``) plus both shapes it is built between: ``replacement``, vLLM
+    0.33's grouping and planning functions; ``callers``, vllm-omni's calls of the old name (``calls``:
+    ``"module:line: ..."`` each); ``detail`` says what was found where a shape is unknown."""
+
+    host: str
+    importers: tuple[str, ...] = ()
+    replacement: str = Shape.ABSENT
+    callers: str = Shape.ABSENT
+    calls: tuple[str, ...] = ()
+    detail: str = ""
+
+    @property
+    def stand_in(self) -> StandInFacts:
+        return StandInFacts(self.host, self.importers)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _PassThrough:
+    """Reads and writes go to the wrapped object, except what the subclass defines itself."""
+
+    __slots__ = ("_vllm_compat_target",)
+
+    def __init__(self, target):
+        object.__setattr__(self, "_vllm_compat_target", target)
+
+    def __getattr__(self, name):
+        return getattr(self._vllm_compat_target, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._vllm_compat_target, name, value)
+
+
+class _ModelConfigWithoutOwnGrouping(_PassThrough):
+    __slots__ = ()
+    supports_kv_cache_grouping = False  # vLLM <= 0.32 had no model-declared KV-cache grouping
+
+
+class _ConfigForOldGrouping(_PassThrough):
+    """``vllm_config`` for the grouping call: its ``model_config`` answers ``supports_kv_cache_grouping = False``."""
+
+    __slots__ = ()
+
+    @property
+    def model_config(self):
+        return _ModelConfigWithoutOwnGrouping(self._vllm_compat_target.model_config)
+
+
+def get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory):
+    """vLLM <= 0.32's per-worker KV-cache configs (stand-in by vllm_compat): vLLM 0.33's
+    ``get_global_kv_cache_groups`` (default grouping, as 0.32 always did) then its ``get_kv_cache_configs``."""
+    planning = importlib.import_module(PLANNING_MODULE)
+    groups = getattr(planning, GROUPING)(_ConfigForOldGrouping(vllm_config), kv_cache_specs)
+    return getattr(planning, PLANNER)(vllm_config, kv_cache_specs, available_memory, groups)
+
+
+# ---- shapes: vLLM's replacement (its files) and vllm-omni's calls (files) ----
+
+def _replacement_from_source(source: str | None) -> tuple[str, str]:
+    """(``Shape``, detail) of vLLM 0.33's planning module from its source: both functions at module level taking
+    exactly the measured positional parameters, and the grouping flag read on a ``model_config``."""
+    if source is None:
+        return Shape.UNKNOWN, f"{PLANNING_FILE} is missing or unreadable, and {ENTRY.target_module} has no {NAME}"
+    tree = ast.parse(source)
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    problems = []
+    for name, expected in ((GROUPING, GROUPING_PARAMS), (PLANNER, PLANNER_PARAMS)):
+        func = functions.get(name)
+        if func is None:
+            problems.append(f"{PLANNING_MODULE} has no {name}")
+            continue
+        params = tuple(a.arg for a in func.args.posonlyargs + func.args.args)
+        extra = func.args.vararg or func.args.kwarg or func.args.kwonlyargs or func.args.defaults
+        if params != expected or extra:
+            problems.append(f"{PLANNING_MODULE}.{name} takes {params}{' and more (or defaults)' if extra else ''}, "
+                            f"not {expected}")
+    flag_read = any(isinstance(n, ast.Attribute) and n.attr == GROUPING_FLAG and isinstance(n.value, ast.Attribute)
+                    and n.value.attr == "model_config" for n in ast.walk(tree))
+    if not flag_read:
+        problems.append(f"{PLANNING_MODULE} does not read model_config.{GROUPING_FLAG}, the question the stand-in "
+                        "answers for vllm-omni's diffusion model config")
+    if problems:
+        return Shape.UNKNOWN, "; ".join(problems)
+    return Shape.KNOWN, ""
+
+
+def _callers(tree) -> tuple[str, tuple[str, ...], str]:
+    """(``Shape``, ``"module:line: ..."`` per call, detail) of vllm-omni's calls of the old name (``from
+    vllm.v1.core.kv_cache_utils import``, aliases followed; an attribute call of the same name is someone else's)."""
+    calls, unknown = [], []
+    for relpath in IMPORTERS:
+        source = tree.read(relpath)
+        if source is None:
+            continue
+        importer = relpath[:-3].replace("/", ".")
+        parsed = ast.parse(source)
+        bound = {alias.asname or alias.name for node in ast.walk(parsed) if isinstance(node, ast.ImportFrom)
+                 and node.module == ENTRY.target_module and not node.level for alias in node.names
+                 if alias.name == NAME}
+        for node in ast.walk(parsed):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in bound):
+                continue
+            keywords = [k.arg for k in node.keywords]
+            positional = len(node.args)
+            fits = (not any(isinstance(a, ast.Starred) for a in node.args) and None not in keywords
+                    and positional <= len(CALL_ARGS) and set(keywords) == set(CALL_ARGS[positional:])
+                    and len(keywords) == len(set(keywords)))
+            named = f", keywords {', '.join(keywords)}" if keywords else ""
+            call = f"{importer}:{node.lineno}: {positional} positional{named}"
+            calls.append(call)
+            if not fits:
+                unknown.append(call)
+    calls.sort(key=lambda c: (c.split(":")[0], int(c.split(":")[1])))
+    if unknown:
+        return Shape.UNKNOWN, tuple(calls), (f"vllm-omni calls {NAME} with arguments the stand-in does not take "
+                                             f"({'; '.join(unknown)}; it takes {', '.join(CALL_ARGS)})")
+    return Shape.KNOWN, tuple(calls), ""
+
+
+def _facts(host: str, omni_tree, replacement: tuple[str, str]) -> KVCacheConfigsFacts:
+    importers = omni_importers(omni_tree, IMPORTERS, ENTRY.target_module, NAME)
+    callers, calls, caller_detail = _callers(omni_tree)
+    detail = "; ".join(d for d in (replacement[1], caller_detail) if d)
+    return KVCacheConfigsFacts(host, importers, replacement[0], callers, calls, detail)
+
+
+def _planning_source_beside(module) -> str | None:
+    """The planning module's source, read from the directory of the imported ``kv_cache_utils`` (the file that an
+    import of it will run): not imported here, the hook runs while vLLM's KV modules are still loading."""
+    path = getattr(module, "__file__", None)
+    if not path:
+        return None
+    try:
+        return Path(path).with_name(Path(PLANNING_FILE).name).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+# ---- the drift-point interface (vllm_compat.patches) ----
+
+def detect_static(site) -> KVCacheConfigsFacts:
+    host = host_lookup(site.vllm_tree, ENTRY.target_module, NAME)
+    needs_replacement = host in (HostKind.LACKS, HostKind.UNKNOWN)
+    replacement = (_replacement_from_source(site.vllm_tree.read(PLANNING_FILE)) if needs_replacement
+                   else (Shape.ABSENT, ""))
+    return _facts(host, site.omni_tree, replacement)
+
+
+def detect_runtime(module) -> KVCacheConfigsFacts:
+    current = vars(module).get(NAME)
+    host = HostKind.LACKS if current is None or is_ours(current, ENTRY.id) else HostKind.DEFINES
+    replacement = (_replacement_from_source(_planning_source_beside(module)) if host == HostKind.LACKS
+                   else (Shape.ABSENT, ""))
+    return _facts(host, installed_omni_tree(), replacement)
+
+
+def decide(facts: KVCacheConfigsFacts, controls) -> Decision:
+    decision = decide_stand_in(ENTRY, facts.stand_in, ENTRY.target_path, removed_in="0.33")
+    if decision.action != Action.PATCHED:
+        return decision
+    if Shape.UNKNOWN in (facts.replacement, facts.callers):
+        return ENTRY.decision(Action.REFUSED, f"vLLM lacks {ENTRY.target_path} and vllm-omni imports it, but the "
+                              f"shapes are not the measured ones ({facts.detail}); left out. Set "
+                              f"VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} to silence this, or upgrade vllm_compat")
+    return ENTRY.decision(Action.PATCHED, f"{decision.reason}, over vLLM's {PLANNING_MODULE}.{GROUPING} + {PLANNER}")
+
+
+def locate(module):
+    return module
+
+
+def prepare(owner, facts: KVCacheConfigsFacts) -> None:
+    """The contract: the module does not define the name itself (ours may be there already), and the planning
+    module beside it has the shapes the stand-in calls (read from its file, which is what an import runs)."""
+    current = vars(owner).get(NAME)
+    if current is not None and not is_ours(current, ENTRY.id):
+        raise PatchRefusedError(f"{ENTRY.target_path} exists ({current!r}); vllm_compat never replaces a name "
+                                "vLLM defines. Left as it is.")
+    shape, detail = _replacement_from_source(_planning_source_beside(owner))
+    if shape != Shape.KNOWN:
+        raise PatchRefusedError(f"{ENTRY.target_path} cannot be provided: {detail}. Left out; set "
+                                f"VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} to silence this, or upgrade vllm_compat.")
+
+
+def install(owner, decision: Decision, state) -> bool:
+    return provide(owner, NAME, get_kv_cache_configs, ENTRY.id)
+
+
+def uninstall(owner) -> bool:
+    return withdraw(owner, NAME, ENTRY.id)
+
+
+def in_place(owner):
+    return vars(owner).get(NAME) if owner is not None else None
+
+
+def compare(static: KVCacheConfigsFacts, runtime: KVCacheConfigsFacts) -> list[str]:
+    differences = compare_stand_in(static.stand_in, runtime.stand_in, ENTRY.target_path)
+    if HostKind.ABSENT not in (static.host, runtime.host) and static.replacement != runtime.replacement:
+        differences.append(f"{PLANNING_MODULE}'s {GROUPING} / {PLANNER}: {static.replacement} (files) != "
+                           f"{runtime.replacement} (beside the imported module); {static.detail or runtime.detail}")
+    if static.calls != runtime.calls:
+        differences.append(f"vllm-omni's calls of {NAME}: {list(static.calls)} != {list(runtime.calls)}")
+    return differences
+
+
+def facts_dict(facts: KVCacheConfigsFacts) -> dict:
+    return facts.to_dict()
