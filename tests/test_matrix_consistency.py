@@ -50,7 +50,8 @@ def test_cell_import_drift_matches_matrix():
 
 def test_cell_diffusion_worker_drift_matches_matrix():
     """``worker_unresolved`` in matrix/vllm.toml: the further names vllm-omni's diffusion worker module reaches
-    that the cell's vLLM lacks; doctor's verdict says the worker will not start while one of them is unbridged."""
+    that the cell's vLLM lacks; doctor's verdict says the diffusion stage (the worker, the engine, the stage process)
+    will not start while one of them is unbridged."""
     expected = os.environ.get("VLLM_COMPAT_EXPECT_WORKER_UNRESOLVED")
     if expected is None or os.environ.get("VLLM_COMPAT_EXPECT_UNRESOLVED") is None:
         pytest.skip("the cell has no vllm-omni")
@@ -60,5 +61,5 @@ def test_cell_diffusion_worker_drift_matches_matrix():
     worker_only = [n for n in drift.worker_blocking_names if n not in drift.blocking_names]
     assert worker_only == sorted(n for n in expected.split(",") if n), f"cell {cell}"
     if drift.import_ok and not drift.worker_ok:
-        assert result.verdict().kind == "will_not_start" and "diffusion worker" in result.verdict().text
+        assert result.verdict().kind == "will_not_start" and "diffusion stage" in result.verdict().text
         assert result.exit_code == 1

@@ -7,17 +7,18 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 from conftest import needs_startup_hook, needs_vllm, run_python
-from vllm_compat.bridges import HostKind
+from vllm_compat.bridges import MARK, HostKind, is_ours, provided_by_decisions
 from vllm_compat.bridges import moved_names as bridge
-from vllm_compat.config import Controls
+from vllm_compat.config import Controls, read_controls
 from vllm_compat.decide import Action
 from vllm_compat.detect.static import SourceTree, StaticSite
-from vllm_compat.patches import decide_entry
+from vllm_compat.patches import decide_entry, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = bridge.detect_static(StaticSite.installed())
@@ -30,6 +31,11 @@ needs_name_alias = pytest.mark.skipif(
 needs_module_alias = pytest.mark.skipif(
     not MODULE_ALIASES, reason="needs a vLLM that moved a whole module the installed vllm-omni imports (identical or "
     "accepted in the alias table)")
+# Old paths of the table another bridge provides here (a stand-in; vLLM 0.31-0.33 + vllm-omni 0.30.0:
+# processing.processor.MultiModalProcessingInfo, a rejected row, by multimodal_processing_info).
+STOOD_IN = {old: entry for old, entry in provided_by_decisions(
+    d for _, _, d in plan(StaticSite.installed(), read_controls())).items() if entry != bridge.ENTRY.id}
+STOOD_IN_FACTS = [a for a in STATIC.aliases if a.kind == "name" and a.old in STOOD_IN]
 WHEELS = Path("/tmp/vc-wheels")
 
 
@@ -70,6 +76,39 @@ def test_table_rows_are_well_formed_and_no_unreviewed_changed_pair_is_installabl
 def test_static_and_runtime_facts_agree():
     importlib.import_module(bridge.ENTRY.target_module)
     assert bridge.compare(STATIC, bridge.detect_runtime(sys.modules[bridge.ENTRY.target_module])) == []
+
+
+def test_runtime_counts_another_bridges_stand_in_as_a_name_vllm_lacks(monkeypatch):
+    """The rule on its own, in every cell: an old path bound by an object marked ``_vllm_compat_stand_in`` keeps the
+    facts vLLM's files give (the static view); one bound by an unmarked object is vLLM's own."""
+    fact = bridge.AliasFact("vllm_compat_test_old.Name", "vllm_compat_test_new.Name", "name", bridge.State.REJECTED,
+                            ("vllm_omni.x:1 (module)",))
+    facts = bridge.AliasFacts(HostKind.LACKS, (fact,))
+    monkeypatch.setattr(bridge, "detect_facts", lambda vllm_tree, omni_tree: facts)
+    module = types.ModuleType("vllm_compat_test_old")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    module.Name = type("Name", (), {MARK: "multimodal_processing_info"})
+    assert bridge.detect_runtime(module).aliases == (fact,)
+    module.Name = type("Name", (), {})
+    assert bridge.detect_runtime(module).aliases == (
+        bridge.AliasFact(fact.old, None, "name", bridge.State.VLLM_HAS_IT),)
+
+
+@needs_vllm
+@pytest.mark.skipif(not STOOD_IN_FACTS, reason="no other bridge provides an old path of the alias table here (vLLM "
+                    "0.31-0.33 with vllm-omni 0.30.0: multimodal_processing_info)")
+def test_an_old_path_another_bridge_stands_in_for_keeps_its_static_facts():
+    """Imported and applied, the old module binds the other bridge's stand-in; the runtime facts still say what vLLM's
+    files say (vLLM lacks the name), so static and runtime detection agree (the v0.33-omni0.30 cell's mismatch)."""
+    import vllm_compat
+
+    vllm_compat.apply()
+    for fact in STOOD_IN_FACTS:
+        module, name = fact.old.rsplit(".", 1)
+        assert fact.state != bridge.State.VLLM_HAS_IT
+        assert is_ours(vars(importlib.import_module(module)).get(name), STOOD_IN[fact.old]), fact.old
+    runtime = {a.old: a for a in bridge.detect_runtime(sys.modules[bridge.ENTRY.target_module]).aliases}
+    assert [runtime[a.old] for a in STOOD_IN_FACTS] == STOOD_IN_FACTS
 
 
 @needs_vllm

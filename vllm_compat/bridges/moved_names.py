@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from ..decide import Action, Decision
 from ..errors import PatchRefusedError
 from ..patches.catalogue import CATALOGUE
-from . import HostKind, host_lookup, installed_omni_tree, omni_importers
+from . import HostKind, host_lookup, installed_omni_tree, is_ours, omni_importers
 
 ENTRY = next(e for e in CATALOGUE if e.module == __name__)
 
@@ -232,7 +232,10 @@ def detect_static(site) -> AliasFacts:
 
 def detect_runtime(module) -> AliasFacts:
     """The same facts, from the vLLM that is being imported (its package's own directory) and the installed
-    vllm-omni's files; an old module already imported answers from its live namespace."""
+    vllm-omni's files; an old module already imported answers from its live namespace, where a name counts as
+    vLLM's only if vllm_compat did not put it there: neither one of our aliases nor another bridge's stand-in
+    (marked ``_vllm_compat_stand_in``; ``multimodal_processing_info`` binds an old path of the table). Such a name
+    is one vLLM lacks, as its files say, so the fact stays the static one."""
     from pathlib import Path
 
     from ..detect.static import SourceTree
@@ -245,7 +248,8 @@ def detect_runtime(module) -> AliasFacts:
     for fact in facts.aliases:
         module, name = _split(fact.old, fact.kind)
         loaded = sys.modules.get(module)
-        if fact.kind == "name" and loaded is not None and name in vars(loaded) and not _is_ours(loaded, name):
+        if (fact.kind == "name" and loaded is not None and name in vars(loaded) and not _is_ours(loaded, name)
+                and not is_ours(vars(loaded)[name])):
             fact = AliasFact(fact.old, None, fact.kind, State.VLLM_HAS_IT)
         live.append(fact)
     return AliasFacts(facts.host, tuple(live))
