@@ -42,15 +42,11 @@ from ..patches.catalogue import CATALOGUE
 from . import (
     HostKind,
     StandInFacts,
-    compare_stand_in,
-    decide_stand_in,
     host_lookup,
     installed_omni_tree,
-    is_ours,
     omni_importers,
-    provide,
-    withdraw,
 )
+from ._name_stand_in import NameStandIn
 
 ENTRY = next(e for e in CATALOGUE if e.module == __name__)
 NAME = ENTRY.target
@@ -203,6 +199,11 @@ def _facts(host: str, omni_tree, replacement: tuple[str, str]) -> ZmqAddressesFa
 
 # ---- the drift-point interface (vllm_compat.patches) ----
 
+STAND_IN = NameStandIn(ENTRY, IMPORTERS, removed_in="0.32", value=get_engine_zmq_addresses)
+locate, install, uninstall, in_place, facts_dict = (STAND_IN.locate, STAND_IN.install, STAND_IN.uninstall,
+                                                    STAND_IN.in_place, STAND_IN.facts_dict)
+
+
 def detect_static(site) -> ZmqAddressesFacts:
     host = host_lookup(site.vllm_tree, ENTRY.target_module, NAME)
     needs_replacement = host in (HostKind.LACKS, HostKind.UNKNOWN)
@@ -211,14 +212,13 @@ def detect_static(site) -> ZmqAddressesFacts:
 
 
 def detect_runtime(module) -> ZmqAddressesFacts:
-    current = vars(module).get(NAME)
-    host = HostKind.LACKS if current is None or is_ours(current, ENTRY.id) else HostKind.DEFINES
+    host = STAND_IN.host_in_module(module)
     replacement = _replacement_from_module(module) if host == HostKind.LACKS else (Shape.ABSENT, "")
     return _facts(host, installed_omni_tree(), replacement)
 
 
 def decide(facts: ZmqAddressesFacts, controls) -> Decision:
-    decision = decide_stand_in(ENTRY, facts.stand_in, ENTRY.target_path, removed_in="0.32")
+    decision = STAND_IN.decide(facts.stand_in)
     if decision.action != Action.PATCHED:
         return decision
     if Shape.UNKNOWN in (facts.replacement, facts.callers):
@@ -228,44 +228,24 @@ def decide(facts: ZmqAddressesFacts, controls) -> Decision:
     return ENTRY.decision(Action.PATCHED, f"{decision.reason}, over vLLM's {REPLACEMENT}")
 
 
-def locate(module):
-    return module
-
-
-def prepare(owner, facts: ZmqAddressesFacts) -> None:
+def prepare(owner, facts: ZmqAddressesFacts):
     """The contract: the module does not define the name itself (ours may be there already), and its replacement
     has the shape the stand-in calls (checked on the live objects)."""
-    current = vars(owner).get(NAME)
-    if current is not None and not is_ours(current, ENTRY.id):
-        raise PatchRefusedError(f"{ENTRY.target_path} exists ({current!r}); vllm_compat never replaces a name "
-                                "vLLM defines. Left as it is.")
+    value = STAND_IN.prepare(owner, facts.stand_in)
     shape, detail = _replacement_from_module(owner)
     if shape != Shape.KNOWN:
         raise PatchRefusedError(f"{ENTRY.target_path} cannot be provided: {detail}. Left out; set "
                                 f"VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} to silence this, or upgrade vllm_compat.")
+    return value
 
 
-def install(owner, decision: Decision, state) -> bool:
-    return provide(owner, NAME, get_engine_zmq_addresses, ENTRY.id)
-
-
-def uninstall(owner) -> bool:
-    return withdraw(owner, NAME, ENTRY.id)
-
-
-def in_place(owner):
-    return vars(owner).get(NAME) if owner is not None else None
 
 
 def compare(static: ZmqAddressesFacts, runtime: ZmqAddressesFacts) -> list[str]:
-    differences = compare_stand_in(static.stand_in, runtime.stand_in, ENTRY.target_path)
+    differences = STAND_IN.compare(static.stand_in, runtime.stand_in)
     if HostKind.ABSENT not in (static.host, runtime.host) and static.replacement != runtime.replacement:
         differences.append(f"{REPLACEMENT} and its classes: {static.replacement} (files) != {runtime.replacement} "
                            f"(imported); {static.detail or runtime.detail}")
     if static.calls != runtime.calls:
         differences.append(f"vllm-omni's calls of {NAME}: {list(static.calls)} != {list(runtime.calls)}")
     return differences
-
-
-def facts_dict(facts: ZmqAddressesFacts) -> dict:
-    return facts.to_dict()

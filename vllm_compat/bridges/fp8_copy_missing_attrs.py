@@ -28,21 +28,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..decide import Decision
 from ..errors import PatchRefusedError
 from ..patches.catalogue import CATALOGUE
-from . import (
-    HostKind,
-    StandInFacts,
-    compare_stand_in,
-    decide_stand_in,
-    host_lookup,
-    installed_omni_tree,
-    is_ours,
-    omni_importers,
-    provide,
-    withdraw,
-)
+from ._name_stand_in import NameStandIn
 
 ENTRY = next(e for e in CATALOGUE if e.module == __name__)
 NAME = ENTRY.target
@@ -55,7 +43,9 @@ HELPER_MODULE, HELPER, HELPER_PARAMS = "vllm.model_executor.utils", "set_weight_
 
 def _copy_missing_attrs(old, new) -> None:
     """Copies any attrs present in `old` but not in `new` to `new` (vLLM 0.26's, stand-in by vllm_compat)."""
-    from vllm.model_executor.utils import set_weight_attrs  # at each call: a later wrapper of it is the one called
+    from vllm.model_executor.utils import (
+        set_weight_attrs,  # at each call: a later wrapper of it is the one called
+    )
 
     new_attrs = set(dir(new))
     attrs_to_set: dict[str, Any] = {}
@@ -67,66 +57,32 @@ def _copy_missing_attrs(old, new) -> None:
 
 # ---- the drift-point interface (vllm_compat.patches) ----
 
-def detect_static(site) -> StandInFacts:
-    host = host_lookup(site.vllm_tree, ENTRY.target_module, NAME)
-    return StandInFacts(host, omni_importers(site.omni_tree, IMPORTERS, ENTRY.target_module, NAME))
+class _OnSetWeightAttrs(NameStandIn):
+    def prepare(self, owner, facts):
+        """The contract: the module does not define the name itself (ours may be there already), and vLLM's
+        ``set_weight_attrs`` is there taking ``(weight, weight_attrs)``; ``PatchRefusedError`` saying what was found
+        otherwise."""
+        import importlib
+        import inspect
+
+        value = super().prepare(owner, facts)
+        helper = getattr(importlib.import_module(HELPER_MODULE), HELPER, None)  # the fp8 module imported it already
+        if not callable(helper):
+            raise PatchRefusedError(f"{HELPER_MODULE}.{HELPER} is missing ({helper!r}); the {NAME} stand-in is built "
+                                    f"on it, as vLLM 0.26's was, so it is not installed. Set VLLM_COMPAT_DISABLE_PATCHES="
+                                    f"{ENTRY.id} to silence this, and report the vLLM version.")
+        try:
+            params = tuple(inspect.signature(helper).parameters)
+        except (TypeError, ValueError):
+            params = None
+        if params != HELPER_PARAMS:
+            raise PatchRefusedError(f"{HELPER_MODULE}.{HELPER} takes {params}, expected {HELPER_PARAMS} (vLLM "
+                                    f"0.24-0.33); the {NAME} stand-in calls it as vLLM 0.26 did, so it is not "
+                                    f"installed. Set VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} to silence this, and "
+                                    "report the vLLM version.")
+        return value
 
 
-def detect_runtime(module) -> StandInFacts:
-    current = vars(module).get(NAME)
-    host = HostKind.LACKS if current is None or is_ours(current, ENTRY.id) else HostKind.DEFINES
-    return StandInFacts(host, omni_importers(installed_omni_tree(), IMPORTERS, ENTRY.target_module, NAME))
-
-
-def decide(facts: StandInFacts, controls) -> Decision:
-    return decide_stand_in(ENTRY, facts, ENTRY.target_path, removed_in="0.27")
-
-
-def locate(module):
-    return module
-
-
-def prepare(owner, facts: StandInFacts) -> None:
-    """The contract: the module does not define the name itself (ours may be there already), and vLLM's
-    ``set_weight_attrs`` is there taking ``(weight, weight_attrs)``; ``PatchRefusedError`` saying what was found
-    otherwise."""
-    import importlib
-    import inspect
-
-    current = vars(owner).get(NAME)
-    if current is not None and not is_ours(current, ENTRY.id):
-        raise PatchRefusedError(f"{ENTRY.target_path} exists ({current!r}); vllm_compat never replaces a name "
-                                "vLLM defines. Left as it is.")
-    helper = getattr(importlib.import_module(HELPER_MODULE), HELPER, None)  # the fp8 module imported it already
-    if not callable(helper):
-        raise PatchRefusedError(f"{HELPER_MODULE}.{HELPER} is missing ({helper!r}); the {NAME} stand-in is built on "
-                                f"it, as vLLM 0.26's was, so it is not installed. Set VLLM_COMPAT_DISABLE_PATCHES="
-                                f"{ENTRY.id} to silence this, and report the vLLM version.")
-    try:
-        params = tuple(inspect.signature(helper).parameters)
-    except (TypeError, ValueError):
-        params = None
-    if params != HELPER_PARAMS:
-        raise PatchRefusedError(f"{HELPER_MODULE}.{HELPER} takes {params}, expected {HELPER_PARAMS} (vLLM 0.24-0.33); "
-                                f"the {NAME} stand-in calls it as vLLM 0.26 did, so it is not installed. Set "
-                                f"VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} to silence this, and report the vLLM version.")
-
-
-def install(owner, decision: Decision, state) -> bool:
-    return provide(owner, NAME, _copy_missing_attrs, ENTRY.id)
-
-
-def uninstall(owner) -> bool:
-    return withdraw(owner, NAME, ENTRY.id)
-
-
-def in_place(owner):
-    return vars(owner).get(NAME) if owner is not None else None
-
-
-def compare(static: StandInFacts, runtime: StandInFacts) -> list[str]:
-    return compare_stand_in(static, runtime, ENTRY.target_path)
-
-
-def facts_dict(facts: StandInFacts) -> dict:
-    return facts.to_dict()
+STAND_IN = _OnSetWeightAttrs(ENTRY, IMPORTERS, removed_in="0.27", value=_copy_missing_attrs)
+(detect_static, detect_runtime, decide, locate, prepare, install, uninstall, in_place, compare,
+ facts_dict) = STAND_IN.interface()

@@ -33,21 +33,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..decide import Decision
-from ..errors import PatchRefusedError
 from ..patches.catalogue import CATALOGUE
-from . import (
-    HostKind,
-    StandInFacts,
-    compare_stand_in,
-    decide_stand_in,
-    host_lookup,
-    installed_omni_tree,
-    is_ours,
-    omni_importers,
-    provide,
-    withdraw,
-)
+from ._name_stand_in import NameStandIn
 
 ENTRY = next(e for e in CATALOGUE if e.module == __name__)
 NAME = ENTRY.target
@@ -73,9 +60,9 @@ def build_stand_in(owner) -> type:
     types = tuple(namespace.get(annotation, Any) for _, annotation in FIELDS)
     key = namespace.get("__name__")
     built = _BUILT.get(key)
-    if built is not None and all(a is b for a, b in zip(built[0], types)):
+    if built is not None and all(a is b for a, b in zip(built[0], types, strict=True)):
         return built[1]  # the one built before on the same annotations: revert(); apply() puts back the same class
-    info = NamedTuple(NAME, list(zip((field for field, _ in FIELDS), types)))
+    info = NamedTuple(NAME, list(zip((field for field, _ in FIELDS), types, strict=True)))
     info.__module__ = ENTRY.target_module
     info.__qualname__ = NAME
     info.__doc__ = ("vLLM 0.30's result of BaseMultiModalProcessor._cached_apply_hf_processor (stand-in by "
@@ -88,50 +75,6 @@ def build_stand_in(owner) -> type:
 
 # ---- the drift-point interface (vllm_compat.patches) ----
 
-def detect_static(site) -> StandInFacts:
-    host = host_lookup(site.vllm_tree, ENTRY.target_module, NAME)
-    return StandInFacts(host, omni_importers(site.omni_tree, IMPORTERS, ENTRY.target_module, NAME))
-
-
-def detect_runtime(module) -> StandInFacts:
-    current = vars(module).get(NAME)
-    host = HostKind.LACKS if current is None or is_ours(current, ENTRY.id) else HostKind.DEFINES
-    return StandInFacts(host, omni_importers(installed_omni_tree(), IMPORTERS, ENTRY.target_module, NAME))
-
-
-def decide(facts: StandInFacts, controls) -> Decision:
-    return decide_stand_in(ENTRY, facts, ENTRY.target_path, removed_in="0.31")
-
-
-def locate(module):
-    return module
-
-
-def prepare(owner, facts: StandInFacts) -> type:
-    """The contract: the module does not define the name itself (ours may be there already). Returns the class to
-    install (the one already there when it is ours)."""
-    current = vars(owner).get(NAME)
-    if current is not None and not is_ours(current, ENTRY.id):
-        raise PatchRefusedError(f"{ENTRY.target_path} exists ({current!r}); vllm_compat never replaces a name "
-                                "vLLM defines. Left as it is.")
-    return current if current is not None else build_stand_in(owner)
-
-
-def install(owner, decision: Decision, state) -> bool:
-    return provide(owner, NAME, state if isinstance(state, type) else build_stand_in(owner), ENTRY.id)
-
-
-def uninstall(owner) -> bool:
-    return withdraw(owner, NAME, ENTRY.id)
-
-
-def in_place(owner):
-    return vars(owner).get(NAME) if owner is not None else None
-
-
-def compare(static: StandInFacts, runtime: StandInFacts) -> list[str]:
-    return compare_stand_in(static, runtime, ENTRY.target_path)
-
-
-def facts_dict(facts: StandInFacts) -> dict:
-    return facts.to_dict()
+STAND_IN = NameStandIn(ENTRY, IMPORTERS, removed_in="0.31", build=build_stand_in)
+(detect_static, detect_runtime, decide, locate, prepare, install, uninstall, in_place, compare,
+ facts_dict) = STAND_IN.interface()

@@ -18,21 +18,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..decide import Decision
-from ..errors import PatchRefusedError
 from ..patches.catalogue import CATALOGUE
-from . import (
-    HostKind,
-    StandInFacts,
-    compare_stand_in,
-    decide_stand_in,
-    host_lookup,
-    installed_omni_tree,
-    is_ours,
-    omni_importers,
-    provide,
-    withdraw,
-)
+from ._name_stand_in import NameStandIn
 
 ENTRY = next(e for e in CATALOGUE if e.module == __name__)
 NAME = ENTRY.target
@@ -49,48 +36,6 @@ class RoutedExpertsLists(NamedTuple):
 
 # ---- the drift-point interface (vllm_compat.patches) ----
 
-def detect_static(site) -> StandInFacts:
-    host = host_lookup(site.vllm_tree, ENTRY.target_module, NAME)
-    return StandInFacts(host, omni_importers(site.omni_tree, IMPORTERS, ENTRY.target_module, NAME))
-
-
-def detect_runtime(module) -> StandInFacts:
-    current = vars(module).get(NAME)
-    host = HostKind.LACKS if current is None or is_ours(current, ENTRY.id) else HostKind.DEFINES
-    return StandInFacts(host, omni_importers(installed_omni_tree(), IMPORTERS, ENTRY.target_module, NAME))
-
-
-def decide(facts: StandInFacts, controls) -> Decision:
-    return decide_stand_in(ENTRY, facts, ENTRY.target_path, removed_in="0.31")
-
-
-def locate(module):
-    return module
-
-
-def prepare(owner, facts: StandInFacts) -> None:
-    """The contract: the module does not define the name itself (ours may be there already)."""
-    current = vars(owner).get(NAME)
-    if current is not None and not is_ours(current, ENTRY.id):
-        raise PatchRefusedError(f"{ENTRY.target_path} exists ({current!r}); vllm_compat never replaces a name "
-                                "vLLM defines. Left as it is.")
-
-
-def install(owner, decision: Decision, state) -> bool:
-    return provide(owner, NAME, RoutedExpertsLists, ENTRY.id)
-
-
-def uninstall(owner) -> bool:
-    return withdraw(owner, NAME, ENTRY.id)
-
-
-def in_place(owner):
-    return vars(owner).get(NAME) if owner is not None else None
-
-
-def compare(static: StandInFacts, runtime: StandInFacts) -> list[str]:
-    return compare_stand_in(static, runtime, ENTRY.target_path)
-
-
-def facts_dict(facts: StandInFacts) -> dict:
-    return facts.to_dict()
+STAND_IN = NameStandIn(ENTRY, IMPORTERS, removed_in="0.31", value=RoutedExpertsLists)
+(detect_static, detect_runtime, decide, locate, prepare, install, uninstall, in_place, compare,
+ facts_dict) = STAND_IN.interface()
