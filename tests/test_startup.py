@@ -1,5 +1,6 @@
-"""The startup hook (``vllm_compat_startup.pth``): installed by regular and editable installs, registers the
-hooks in every interpreter at the cost of ``import vllm_compat``, honours VLLM_COMPAT_DISABLE, never raises."""
+"""The startup hook (``vllm_compat_startup.pth``): installed by regular and editable installs, arranges for the
+hooks in every interpreter at the cost of ``import vllm_compat``, registers them before anything of vLLM or
+vllm-omni is looked up, honours VLLM_COMPAT_DISABLE, never raises."""
 
 from __future__ import annotations
 
@@ -19,12 +20,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PTH = ROOT / PTH_NAME
 HEAVY = ["torch", "vllm", "vllm_omni", "wrapt", "logging", "asyncio", "dataclasses", "inspect", "packaging"]
 STARTUP_STATE = """
+    LOOK_UP = None
     import json, sys
+    finder = next((f for f in sys.meta_path if getattr(f, "_vllm_compat_finder", False)), None)
+    if LOOK_UP:
+        import importlib.util
+        importlib.util.find_spec(LOOK_UP)  # what an import of it does first
     print(json.dumps(dict(
         imported="vllm_compat" in sys.modules,
         finders=sum(getattr(f, "_vllm_compat_finder", False) for f in sys.meta_path),
-        hooked=sorted(getattr(next((f for f in sys.meta_path if getattr(f, "_vllm_compat_finder", False)), None),
-                              "_vllm_compat_callbacks", {})),
+        watching=sorted(getattr(finder, "_vllm_compat_first_import", {})),
+        hooked=sorted(getattr(finder, "_vllm_compat_callbacks", {})),
         heavy=sorted(m for m in sys.modules if m.split(".")[0] in %r),
     )))
 """ % HEAVY  # noqa: UP031 - the code below holds braces; % keeps them literal
@@ -36,14 +42,26 @@ def test_installed_pth_is_the_one_in_the_source_tree():
 
 
 @needs_startup_hook
-def test_startup_registers_the_hooks_and_imports_nothing_heavy():
-    from vllm_compat.patches import CATALOGUE
+def test_startup_watches_the_served_packages_and_imports_nothing_heavy():
+    import vllm_compat
 
     result = run_python(STARTUP_STATE)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     state = json.loads(result.stdout)
-    assert state == {"imported": True, "finders": 1, "hooked": sorted({e.target_module for e in CATALOGUE}),
+    assert state == {"imported": True, "finders": 1, "watching": sorted(vllm_compat.SERVED_PACKAGES), "hooked": [],
                      "heavy": []}
+
+
+@needs_startup_hook
+@pytest.mark.parametrize("package", ["vllm", "vllm_omni"])
+def test_looking_up_a_served_package_registers_every_catalogue_hook_first(package):
+    from vllm_compat.patches import CATALOGUE
+
+    result = run_python(STARTUP_STATE.replace("LOOK_UP = None", f"LOOK_UP = {package!r}"))
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    state = json.loads(result.stdout)
+    assert state["hooked"] == sorted({e.target_module for e in CATALOGUE}) and state["heavy"] == []
+    assert package not in state["watching"]
 
 
 @needs_startup_hook
@@ -51,7 +69,7 @@ def test_startup_registers_the_hooks_and_imports_nothing_heavy():
 def test_disable_turns_the_startup_hook_off(value):
     result = run_python(STARTUP_STATE, env={"VLLM_COMPAT_DISABLE": value})
     assert result.returncode == 0 and result.stderr == "", result.stderr
-    assert json.loads(result.stdout) == {"imported": False, "finders": 0, "hooked": [], "heavy": []}
+    assert json.loads(result.stdout) == {"imported": False, "finders": 0, "watching": [], "hooked": [], "heavy": []}
 
 
 def test_pth_line_never_raises_when_vllm_compat_is_broken():

@@ -8,6 +8,11 @@ A meta-path finder answers only for registered names: it asks the other finders 
 its loader so that, after ``exec_module``, the real loader is put back on the module and the callbacks run.
 ``importlib.reload`` goes through the finders again, so a reloaded module is hooked again. A module that is
 already imported when a hook is registered gets the callback at once, outside the registry lock.
+
+A first-import hook runs before anything of a package is looked up (the package or any submodule), once per
+process: ``vllm_compat`` registers its post-import hooks from there, so that an interpreter that never imports
+vLLM does not pay for loading the catalogue. Every module costs a new interpreter about 0.4 ms, whatever it holds
+(bench/results.md, section 1).
 """
 
 # No `from __future__ import annotations`: see vllm_compat/__init__.py.
@@ -58,9 +63,14 @@ class PostImportFinder:
         self._vllm_compat_callbacks: dict[str, list] = {}  # module name -> callables taking the module
         self._vllm_compat_resolving = _thread._local()  # per thread: names whose spec is being resolved
         self._vllm_compat_shared: dict = {}  # process-wide state of vllm_compat, see shared_state()
+        self._vllm_compat_first_import: dict[str, list] = {}  # top-level package -> callables taking its name
 
     def find_spec(self, fullname, path=None, target=None):
         resolving = self._vllm_compat_resolving
+        if self._vllm_compat_first_import:
+            package = fullname.partition(".")[0]
+            if package in self._vllm_compat_first_import:
+                self._run_first_import_callbacks(package)
         if fullname not in self._vllm_compat_callbacks or getattr(resolving, fullname, False):
             return None
         setattr(resolving, fullname, True)
@@ -79,6 +89,22 @@ class PostImportFinder:
             return spec
         spec.loader = _HookedLoader(spec.loader, fullname, self)
         return spec
+
+    def _run_first_import_callbacks(self, package: str) -> None:
+        # importlib calls finders under the interpreter's import lock: a lookup in another thread waits until
+        # these callbacks have run. A callback that imports the package itself comes back here: the flag stops it.
+        running = self._vllm_compat_resolving
+        flag = f"first import of {package}"
+        callbacks = self._vllm_compat_first_import.get(package)
+        if not callbacks or getattr(running, flag, False):
+            return
+        setattr(running, flag, True)
+        try:
+            for callback in list(callbacks):
+                callback(package)
+        finally:
+            setattr(running, flag, False)
+            self._vllm_compat_first_import.pop(package, None)
 
     def run_callbacks(self, fullname: str, module) -> None:
         with self._vllm_compat_lock:
@@ -109,6 +135,20 @@ def register_post_import_hook(fullname: str, callback) -> None:
     module = sys.modules.get(fullname)
     if module is not None and _is_initialized(module):
         callback(module)
+
+
+def register_first_import_hook(package: str, callback) -> None:
+    """Call ``callback(package)`` once, before the first module of top-level ``package`` (itself or any
+    submodule) is looked up, or now if it is already imported. Registering the same callback twice is a no-op;
+    an exception from the callback propagates to that import, as from any finder."""
+    finder = _finder()
+    with finder._vllm_compat_lock:
+        if package not in sys.modules:
+            callbacks = finder._vllm_compat_first_import.setdefault(package, [])
+            if callback not in callbacks:
+                callbacks.append(callback)
+            return
+    callback(package)
 
 
 def shared_state(name: str, factory):

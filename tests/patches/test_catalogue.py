@@ -45,6 +45,12 @@ def test_ids_are_unique_and_every_field_is_filled():
         assert re.fullmatch(r"[a-z0-9_]+", entry.id), entry.id
 
 
+def test_every_target_lives_in_a_served_package():
+    """The catalogue's hooks are registered on the first lookup of a served package: a target outside them would
+    be imported before its hook exists."""
+    assert {entry.target_module.split(".")[0] for entry in CATALOGUE} <= set(vllm_compat.SERVED_PACKAGES)
+
+
 def test_every_entry_has_a_module_and_every_module_an_entry():
     assert {entry.module for entry in CATALOGUE} == _drift_point_modules()
 
