@@ -36,7 +36,8 @@ logging.getLogger("vllm_compat").addHandler(logging.StreamHandler(stream))
 logging.getLogger("vllm_compat").setLevel(logging.INFO)
 import vllm_compat
 import vllm_compat  # a second import is the cached module
-first_instance = sys.modules["vllm_compat.activate"]
+first_instance = importlib.import_module("vllm_compat.activate")
+first_instance.install_import_hook()  # this copy's hooks, as a served package's first lookup registers them
 # Purge and import again before the loader is imported: two copies of the package in one process.
 for name in [m for m in sys.modules if m == "vllm_compat" or m.startswith("vllm_compat.")]:
     del sys.modules[name]

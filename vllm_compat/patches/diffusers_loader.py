@@ -148,7 +148,17 @@ def _process_sharded_module(module, quant_method, target_device) -> None:
 
 def _process_without_moving_meta(module, quant_method, target_device, deps: LoaderDeps) -> None:
     """The meta-safe step: per-param moves for plain tensors, whole-module moves (or a clear refusal) for
-    tensor-subclass (DTensor) params, whose ``.data`` cannot be re-pointed across devices."""
+    tensor-subclass (DTensor) params, whose ``.data`` cannot be re-pointed across devices.
+
+    Where no real param is off the target device (online quant initializes on the accelerator: the usual case)
+    every one of those steps is the bare process call, so it is made without asking which one applies: one pass
+    over the params, as in-tree's first, and no second one (bench section 3)."""
+    for param in module.parameters():
+        if param.device != target_device and not param.is_meta:
+            break
+    else:
+        quant_method.process_weights_after_loading(module)
+        return
     if _holds_tensor_subclass(module, deps):
         _process_sharded_module(module, quant_method, target_device)
     else:
