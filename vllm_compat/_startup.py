@@ -3,8 +3,9 @@ puts it there for wheels and editable installs), runs ``import vllm_compat`` in 
 environment, so the post-import hooks are registered before any ``import vllm_omni``. The plugin entry points
 fire only after that import: too late for the names it needs (``vllm_compat.bridges``).
 
-The line does what ``import vllm_compat`` does (register the finder, one hook per catalogue entry) and nothing
-else, at the same cost: no vLLM import, no file read, no logging. It does nothing when ``VLLM_COMPAT_DISABLE``
+The line does what ``import vllm_compat`` does (register the finder and the first-import hooks that register one
+post-import hook per catalogue entry before anything of vLLM or vllm-omni is looked up) and nothing else, at the
+same cost: two modules, no vLLM import, no file read, no logging. It does nothing when ``VLLM_COMPAT_DISABLE``
 is set to a true value, and swallows every exception: a broken vllm_compat must never stop an interpreter from
 starting (``vllm-compat doctor`` says what is wrong). This module is not imported at startup; it answers
 whether the hook is installed.

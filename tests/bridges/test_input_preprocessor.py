@@ -149,7 +149,6 @@ def test_vllm_omni_preprocessor_gives_what_it_gives_on_vllm_024(tmp_path):
         "max_position_embeddings": 128, "torch_dtype": "float32"}))
     from vllm.config import DeviceConfig, ModelConfig, VllmConfig
     from vllm.renderers import renderer_from_config
-
     from vllm_omni.inputs.preprocess import OmniInputPreprocessor
 
     base = sys.modules[TARGET].InputPreprocessor
