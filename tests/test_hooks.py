@@ -99,9 +99,9 @@ def test_vllm_compat_registers_the_catalogue_before_a_served_package_and_never_b
         finder = next(f for f in sys.meta_path if getattr(f, "_vllm_compat_finder", False))
         before = sorted(finder._vllm_compat_callbacks)
         sys.modules["vllm_compat.activate"] = None  # activation cannot load: the lookup must still succeed
-        spec = importlib.util.find_spec("vllm_omni")
+        spec = importlib.util.find_spec("vllm")  # installed in every cell (vllm-omni is not)
         print(json.dumps([before, sorted(finder._vllm_compat_callbacks), spec is not None]))
         """, env=NO_STARTUP)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [[], [], True]
-    assert "could not register its hooks before importing vllm_omni; nothing is patched" in result.stderr
+    assert "could not register its hooks before importing vllm; nothing is patched" in result.stderr
