@@ -6,7 +6,7 @@ Parts:
   hook    sections 4: latency from vllm-omni's loader module finishing its import to the patch being on the class
           (timestamps taken inside the process around vllm_compat's post-import callbacks), first import and
           reloads; then the cost of ``vllm_compat.apply()`` when the patch is already applied.
-  loader  section 3: ``_process_weights_after_loading`` on CPU, meta-safe variant (through the installed wrapt
+  loader  section 3: ``_process_weights_after_loading`` on CPU, meta-safe variant (through the installed
           wrapper) vs vllm-omni's in-tree method (the ORIGINAL function, ``__wrapped__`` of our wrapper) vs the
           legacy variant; peak memory; per-call shim overhead. Needs vllm-omni with the in-tree gated method
           and ``VLLM_COMPAT_LOADER_VARIANT=meta_safe`` (so the hook installs our wrapper on the real class).
@@ -250,7 +250,7 @@ def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
     device = torch.device("cpu")
 
     contenders = {
-        "meta_safe": lambda m: loader._process_weights_after_loading(m, device),  # through the wrapt wrapper
+        "meta_safe": lambda m: loader._process_weights_after_loading(m, device),  # through the installed wrapper
         "in_tree": lambda m: in_tree(loader, m, device),
         "legacy": lambda m: dl.process_legacy(loader, m, device, deps=deps),
     }

@@ -319,7 +319,7 @@ def render(m: dict, env: dict, s1: dict | None, s2: dict | None, s3: dict | None
         lo = s3["loader"]
         w(f"## 3. `_process_weights_after_loading` on CPU (hidden={lo['hidden']}, bf16, vLLM's real layerwise "
           f"machinery, tests/support/online_quant.py)\n")
-        w("meta_safe: our variant called through the installed wrapt wrapper (the production path); in_tree: "
+        w("meta_safe: our variant called through the installed wrapper (the production path); in_tree: "
           "vllm-omni's own method (the original function, `__wrapped__`); legacy: our legacy variant. "
           "Fresh identical model (same seed, same checkpoint, same stragglers) per timed call; only the call is "
           "timed; GC collected before and paused during it. Wall ms = median wall clock; CPU ms = median thread "
@@ -387,7 +387,7 @@ def render(m: dict, env: dict, s1: dict | None, s2: dict | None, s3: dict | None
           f"batches of {lo['overhead_iters']} calls (the decision itself is taken once, in the hook: section 4):\n")
         w("| call | wall us/call | CPU us/call |")
         w("|---|---|---|")
-        rows = [("installed wrapt wrapper -> meta_safe (production path)", "wrapper", None),
+        rows = [("installed wrapper -> meta_safe (production path)", "wrapper", None),
                 ("meta_safe variant called directly", "direct_variant", None),
                 ("vllm-omni in-tree method called directly", "in_tree", None),
                 ("wrapper cost (wrapper - direct)", "wrapper", "direct_variant"),

@@ -3,7 +3,9 @@
     source gpu/device_env.sh 30 && python -m gpu.bench OUT.json [--layers 28 --hidden 4096 --repeats 5]
 
 Methods: vllm-omni 0.30.0's in-tree (gated) method, vllm_compat ``meta_safe`` installed on that class (called
-through the class, wrapt wrapper included), and vllm-omni 0.24.0's legacy method compiled from its file.
+through the class, the installed wrapper included), and vllm-omni 0.24.0's legacy method compiled from its file;
+``--methods`` picks some, or adds the diagnostics ``meta_safe`` without a wrapper and behind the first design's
+wrapt wrapper (wrapt needed for that one).
 Scenarios: offline FP8 on cuda (every layer quantized by the call), online FP8 fully loaded (finalize + skip),
 online FP8 with one absent and one partial straggler (legacy cannot run it: F-meta), offline FP8 with the model
 on cpu and target cuda (module moves). One warm-up round, then ``--repeats`` rounds; within a round every method
@@ -35,6 +37,9 @@ SCENARIOS = {
     "online stragglers, cuda->cuda": (True, oq.DEFAULT_STRAGGLERS, "cuda", ("in-tree 0.30.0", "meta_safe")),
     "offline, cpu->cuda": (False, (), "cpu", ("in-tree 0.30.0", "meta_safe", "legacy 0.24.0")),
 }
+SCENARIO_METHODS = ("in-tree 0.30.0", "meta_safe", "legacy 0.24.0")
+WRAPT_DIAGNOSTIC = "meta_safe, wrapt wrapper (first design)"
+METHODS = (*SCENARIO_METHODS, "meta_safe, no wrapper", WRAPT_DIAGNOSTIC)
 
 
 def fingerprint(model) -> float:
@@ -50,6 +55,26 @@ def fingerprint(model) -> float:
     return total
 
 
+def _loader_with_wrapt_patch(cls, deps):
+    """A bare loader of a subclass of ``cls`` whose method is meta_safe behind a ``wrapt.FunctionWrapper`` subclass,
+    called as vllm_compat's first ``_method.install`` called it."""
+    import wrapt  # only for this diagnostic: vllm_compat itself no longer uses it
+
+    from vllm_compat.patches import diffusers_loader as patch
+
+    class MethodPatch(wrapt.FunctionWrapper):
+        _vllm_compat_installed = True
+
+    def call_variant(wrapped, instance, args, kwargs):
+        if instance is not None and len(args) == 2 and not kwargs:
+            return patch.process_meta_safe(instance, args[0], args[1], deps=deps)
+        raise TypeError("the bench calls it as vllm-omni does: (model, target_device)")
+
+    subclass = type("WraptPatchedLoader", (cls,), {patch.METHOD_NAME: MethodPatch(common.original_method(cls),
+                                                                                   call_variant)})
+    return common.bare_loader(subclass)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -57,6 +82,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--scenarios", default=";".join(SCENARIOS), help="names separated by ;")
+    ap.add_argument("--methods", default="", help="names separated by ; (default: every method a scenario can run, "
+                    f"of {'; '.join(METHODS)})")
     args = ap.parse_args()
 
     from vllm_compat.patches import diffusers_loader as patch
@@ -64,18 +91,28 @@ def main() -> None:
     cls = common.loader_class()
     intree = common.original_method(cls)
     legacy, legacy_sha = common.method_from_source(OMNI24_FILE)
-    patch.install_variant(cls, "meta_safe", patch.resolve_deps())
+    deps = patch.resolve_deps()
+    patch.install_variant(cls, "meta_safe", deps)
     loader = common.bare_loader(cls)
+    wanted = [n for n in args.methods.split(";") if n]
+    wrapt_loader = _loader_with_wrapt_patch(cls, deps) if WRAPT_DIAGNOSTIC in wanted else None
     methods = {
         "in-tree 0.30.0": lambda m, d: intree(loader, m, d),
         "meta_safe": lambda m, d: loader._process_weights_after_loading(m, d),
         "legacy 0.24.0": lambda m, d: legacy(loader, m, d),
+        # Diagnostics, to split meta_safe's cost: its function without the installed wrapper, and behind the
+        # wrapt wrapper vllm_compat installed before (patches/_method.py says why it went).
+        "meta_safe, no wrapper": lambda m, d: patch.process_meta_safe(loader, m, d, deps=deps),
+        WRAPT_DIAGNOSTIC: lambda m, d: wrapt_loader._process_weights_after_loading(m, d),
     }
+    assert set(methods) == set(METHODS)
     target = torch.device("cuda", torch.cuda.current_device())
     report = {"versions": common.versions(), "legacy_source_sha": legacy_sha, "args": vars(args), "scenarios": {}}
 
     for scen in args.scenarios.split(";"):
         online, stragglers, model_dev, names = SCENARIOS[scen]
+        if wanted:
+            names = tuple(n for n in wanted if n in names or n not in SCENARIO_METHODS)
         with torch.device("meta"):
             shape_model = oq.build_model(args.layers, args.hidden, online=online, stragglers=stragglers)
         n_params = sum(p.numel() for p in shape_model.parameters())

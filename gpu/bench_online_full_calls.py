@@ -12,15 +12,17 @@ import torch
 import wrapt
 
 from gpu import common
+from gpu.bench import _loader_with_wrapt_patch
 from tests.support import online_quant as oq
 from vllm_compat.patches import diffusers_loader as patch
 
-print("wrapt", wrapt.__version__, "C ext:", type(wrapt.FunctionWrapper).__module__, wrapt.FunctionWrapper.__module__)
+print("wrapt", wrapt.__version__, "(first design's wrapper):", wrapt.FunctionWrapper.__module__)
 cls = common.loader_class()
 intree = common.original_method(cls)
 deps = patch.resolve_deps()
 patch.install_variant(cls, "meta_safe", deps)
 loader = common.bare_loader(cls)
+wrapt_loader = _loader_with_wrapt_patch(cls, deps)
 with torch.device("cuda"):
     ckpt = common.checkpoint_on(oq.build_model(28, 4096, online=True, stragglers=()), "cuda")
 model, _ = common.build_loaded(28, 4096, online=True, stragglers=(), device="cuda", checkpoint=ckpt)
@@ -32,6 +34,7 @@ calls = {
     "in_tree": lambda: intree(loader, model, target),
     "wrapper": lambda: loader._process_weights_after_loading(model, target),
     "meta_safe direct": lambda: patch.process_meta_safe(loader, model, target, deps=deps),
+    "wrapt wrapper (first design)": lambda: wrapt_loader._process_weights_after_loading(model, target),
     "uses_online_quant": lambda: patch.uses_online_quant(model),
     "find_finalize": lambda: deps.find_finalize(),
     "finalize": lambda: fin(model, model_config=None),

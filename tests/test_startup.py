@@ -112,7 +112,7 @@ def test_install_puts_the_pth_into_site_packages(tmp_path, editable):
     assert any(line.startswith(f"{PTH_NAME},") for line in record.read_text().splitlines())
     probe = subprocess.run([python, "-c", "import sys; print('vllm_compat' in sys.modules)"],
                            capture_output=True, text=True)
-    # --no-deps: packaging/wrapt are missing, which `import vllm_compat` does not need
+    # --no-deps: packaging is missing, which `import vllm_compat` does not need
     assert (probe.stdout, probe.stderr) == ("True\n", "")
     subprocess.run(["uv", "pip", "uninstall", "-q", "-p", python, "vllm-compat"], check=True, capture_output=True)
     assert not (purelib / PTH_NAME).exists()

@@ -70,7 +70,7 @@ CATALOGUE: tuple[PatchEntry, ...] = (
             "first upstream fix moved params one by one via .data and broke FSDP/HSDP DTensor params."
         ),
         how=(
-            "Replace the method (wrapt, keeping name, signature and __wrapped__) with the variant the decision "
+            "Replace the method (a plain function keeping name, signature and __wrapped__) with the variant the decision "
             "table picks: legacy (0.24.0 semantics) or meta_safe (vLLM's finalize looked up at call time, skip "
             "processed layers, never move meta params, module-level moves for DTensor/tensor-subclass params)."
         ),
