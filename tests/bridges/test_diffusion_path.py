@@ -2,7 +2,9 @@
 vLLM (the native record, ``matrix/native/``, written by ``nox -s native``):
 
 * vllm-omni's own Qwen-Image and Z-Image transformers, loaded with online quant and stragglers through
-  ``DiffusersPipelineLoader`` and run: bit for bit equal (every parameter after loading, the output);
+  ``DiffusersPipelineLoader`` and run: bit for bit equal (every parameter after loading, and the output where the
+  native record was made on a CPU of the same signature; from another CPU, whose kernels round differently, the
+  output's abs mean within ``OTHER_CPU_OUTPUT_RTOL``: ``nox -s native`` re-records on this one);
 * the importable modules of the path (``vllm_omni.diffusion``, the quant configs, the ``Omni`` / ``AsyncOmni``
   entrypoints): the native set, except modules failing on a vLLM name that doctor reports unbridged.
 
@@ -24,6 +26,7 @@ from tests.support.diffusion_path import (
     model_differences,
     module_differences,
     native_record_path,
+    same_cpu,
 )
 from tests.support.warm_python import WARM
 from vllm_compat.detect.versions import installed_version
@@ -105,7 +108,8 @@ def differences(cell_record) -> dict:
         return next((t for t in unbridged if missing and (t == missing or t.startswith(missing + "."))), None)
 
     result = {
-        "native": f"vLLM {_native['vllm']}",
+        "native": f"vLLM {_native['vllm']}" + ("" if same_cpu(_native, cell_record) else
+                                                 f", outputs by abs mean: recorded on {_native.get('cpu')}"),
         "import_error": cell_record.get("import_error"),
         "models": model_differences(_native, cell_record) if "import_error" not in cell_record else [],
         "modules": {name: here for name, (_, here) in modules.items()},
