@@ -39,8 +39,8 @@ from pathlib import Path
 NATIVE_DIR = Path(__file__).resolve().parents[2] / "matrix" / "native"
 CHECKPOINT_KINDS = ("complete", "stragglers")
 # How far a forward's output may move between two CPUs (measured: 4.5e-6 and 8.9e-5 relative on the abs mean
-# between an AMD EPYC with AVX2 and an Intel Xeon with AVX-512 kernels, same wheels); a wrong weight moves it by
-# whole percents.
+# between an AMD EPYC and an Intel Xeon with AVX-512 kernels, same wheels); the parameters, compared bit for bit
+# on any CPU, carry the load's check.
 OTHER_CPU_OUTPUT_RTOL = 1e-3
 
 
