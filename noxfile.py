@@ -155,10 +155,9 @@ def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
     try:
         data = json.loads(doctor.stdout)
         drift = data.get("import_drift")
-        patch = data["patches"][0]
         row.update(
             level=data["vllm"]["level"], loader=data["vllm_omni"]["loader_kind"],
-            decision=patch["action"] + (f"/{patch['variant']}" if patch["variant"] else ""),
+            decision=_decisions_cell(data["patches"]),
             drift="-" if drift is None else _drift_cell(drift), verdict=data["verdict"]["kind"],
         )
     except (TypeError, ValueError, KeyError, IndexError) as exc:
@@ -175,6 +174,13 @@ def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
     row.update(_junit_counts(junit))
     row["diffusion_path"] = _diffusion_path_cell(cell, diffusion_path)
     return row
+
+
+def _decisions_cell(decisions: list[dict]) -> str:
+    """The matrix table's decisions column: every catalogue entry doctor did not skip or leave pending."""
+    acted = [f"{d['name']} {d['action']}" + (f"/{d['variant']}" if d["variant"] else "")
+             for d in decisions if d["action"] not in ("skipped", "pending")]
+    return ", ".join(acted) or "none (all skipped or pending)"
 
 
 def _diffusion_path_cell(cell: dict, summary: Path) -> str:
@@ -211,7 +217,7 @@ def _drift_cell(drift: dict) -> str:
 
 
 def _render_matrix(rows: list[dict]) -> str:
-    header = ["cell", "level", "loader kind", "decision", "import drift", "verdict", "diffusion path",
+    header = ["cell", "level", "loader kind", "decisions", "import drift", "verdict", "diffusion path",
               "tests passed/failed/skipped", "seconds (build+tests)", "result"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
