@@ -4,9 +4,10 @@ The replacement is a plain function made with ``functools.wraps``, so it binds a
 ``__wrapped__``, ``__name__``, the docstring and ``inspect.signature`` stay the original's; two attributes of its
 own mark it as ours and name the variant. ``uninstall`` puts back the exact original object.
 
-Why not ``wrapt.FunctionWrapper`` (the first design): importing wrapt cost a worker 50-75 ms the moment a patch
-was installed, and its bound call put ~20 us on a 0.75 ms loader call on the H200 (gpu/results.md, timing),
-where a plain function costs what one extra Python call does.
+Why not ``wrapt.FunctionWrapper`` (the first design): importing wrapt cost a worker 23-50 ms the moment a patch
+was installed (after vllm-omni's loader, vLLM 0.30; nothing of vLLM or vllm-omni imports it), and its bound call
+put ~20 us on a 0.75 ms loader call on the H200 (gpu/results.md, timing), where a plain function costs what one
+extra Python call does.
 """
 
 from __future__ import annotations
