@@ -6,6 +6,8 @@ Parts:
   hook    sections 4: latency from vllm-omni's loader module finishing its import to the patch being on the class
           (timestamps taken inside the process around vllm_compat's post-import callbacks), first import and
           reloads; then the cost of ``vllm_compat.apply()`` when the patch is already applied.
+  instructions  section 3's meta_safe and in_tree calls counted in instructions (run under callgrind by
+          bench/run.py; see part_instructions)
   loader  section 3: ``_process_weights_after_loading`` on CPU, meta-safe variant (through the installed
           wrapper) vs vllm-omni's in-tree method (the ORIGINAL function, ``__wrapped__`` of our wrapper) vs the
           legacy variant; peak memory; per-call shim overhead. Needs vllm-omni with the in-tree gated method
@@ -226,31 +228,35 @@ def _state_equal(a, b) -> bool:
     return True
 
 
-def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
-    import torch
-    from torch import nn
+def loader_contenders():
+    """The three calls section 3 compares on one model, and the check each result must pass.
 
-    from tests.support.online_quant import PROCESSED_FLAG, deterministic_fill, meta_param_names, quant_layers
+    Returns ``(contenders, check, extras)``: ``contenders`` maps meta_safe (through the installed patch: the
+    production path) / in_tree (vllm-omni's own function object) / legacy to a one-argument call; ``check(name,
+    model, models)`` raises where a param is left on meta or a quant layer unprocessed; ``extras`` holds the
+    loader instance, the device and the deps for the per-call overhead rows."""
+    import inspect
+
+    import torch
+
+    from tests.support.online_quant import PROCESSED_FLAG, meta_param_names, quant_layers
     from vllm_compat.patches import diffusers_loader as dl
 
     module = importlib.import_module(LOADER_MODULE)
     cls = getattr(module, CLASS_NAME)
-    wrapper = vars(cls)[METHOD]
+    patched = vars(cls)[METHOD]
     if dl.installed_variant(cls) != "meta_safe":
         raise SystemExit(f"expected the hook to install meta_safe (VLLM_COMPAT_LOADER_VARIANT=meta_safe); got "
                          f"{dl.installed_variant(cls)!r}")
-    in_tree = wrapper.__wrapped__  # vllm-omni's own function object, not ours
+    in_tree = patched.__wrapped__  # vllm-omni's own function object, not ours
     assert not getattr(in_tree, "_vllm_compat_installed", False)
-    import inspect
-
-    in_tree_source = inspect.getsource(in_tree)
-    assert "has_online_quant" in in_tree_source, "this vllm-omni's loader is not the gated in-tree method"
+    assert "has_online_quant" in inspect.getsource(in_tree), "this vllm-omni's loader is not the gated in-tree method"
     deps = dl.resolve_deps()
     loader = object.__new__(cls)  # the variants and the in-tree method read nothing from self but a staticmethod
     device = torch.device("cpu")
 
     contenders = {
-        "meta_safe": lambda m: loader._process_weights_after_loading(m, device),  # through the installed wrapper
+        "meta_safe": lambda m: loader._process_weights_after_loading(m, device),  # through the installed patch
         "in_tree": lambda m: in_tree(loader, m, device),
         "legacy": lambda m: dl.process_legacy(loader, m, device, deps=deps),
     }
@@ -265,6 +271,19 @@ def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
         if problems:
             raise AssertionError(f"{name} on {models.n_quant}/{'online' if models.online else 'offline'}: "
                                  + "; ".join(problems))
+
+    extras = {"loader": loader, "device": device, "deps": deps, "in_tree": in_tree}
+    return contenders, check, extras
+
+
+def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
+    from torch import nn
+
+    from tests.support.online_quant import deterministic_fill, meta_param_names
+    from vllm_compat.patches import diffusers_loader as dl
+
+    contenders, check, extras = loader_contenders()
+    loader, device, deps, in_tree = extras["loader"], extras["device"], extras["deps"], extras["in_tree"]
 
     results = {"hidden": hidden, "cases": []}
     for n in sizes:
@@ -298,6 +317,8 @@ def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
             # Tensors: torch's allocator peak over the call (profiler around the call only). Python heap: the peak
             # the call adds over the heap before it (tracemalloc, started after the build: the model's own objects
             # vary by build by more than the call adds, so absolute peaks of separate builds do not compare).
+            # Each counter on a call of its own: the profiler's own Python objects, made while tracemalloc traced
+            # the call, put up to 37 KB on the first contender of a round (2026-12-01 run, 100 layers online).
             tracemalloc.start()
             model = models.fresh()
             case["model_py_heap"], _ = tracemalloc.get_traced_memory()
@@ -310,21 +331,19 @@ def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
                     with deterministic_fill():
                         model = models.fresh()
                         gc.collect()
-                        heap = {}
-
-                        def measured(m=model, f=contenders[name], heap=heap):
-                            # Inside the profiled region, so the profiler's own Python objects never count.
-                            heap["before"], _ = tracemalloc.get_traced_memory()
-                            tracemalloc.reset_peak()
-                            f(m)
-                            _, heap["peak"] = tracemalloc.get_traced_memory()
-
+                        torch_peaks[name].append(_torch_peak_bytes(lambda m=model, f=contenders[name]: f(m)))
+                        del model
+                        model = models.fresh()
+                        gc.collect()
                         tracemalloc.start()
                         try:
-                            torch_peaks[name].append(_torch_peak_bytes(measured))
+                            before, _ = tracemalloc.get_traced_memory()
+                            tracemalloc.reset_peak()
+                            contenders[name](model)
+                            _, peak = tracemalloc.get_traced_memory()
                         finally:
                             tracemalloc.stop()
-                    heap_added[name].append(heap["peak"] - heap["before"])
+                    heap_added[name].append(peak - before)
                     del model
             case["torch_peak_new_bytes"] = {name: median(v) for name, v in torch_peaks.items()}
             case["torch_peak_new_bytes_all"] = torch_peaks
@@ -388,6 +407,49 @@ def part_loader(sizes, hidden: int, reps: dict, quick: bool) -> dict:
     return results
 
 
+def part_instructions(sizes, hidden: int, reps: dict, callgrind_lib: str) -> dict:
+    """Section 3's calls counted in instructions, under ``valgrind --tool=callgrind --instr-atstart=no``.
+
+    The VM this runs on has its CPU time stolen by its host, so time cannot resolve 1 % between two calls of a few
+    ms (section 3); instructions executed can, and do not depend on what else the machine is doing. Only the call
+    is instrumented (``bench/_callgrind.c``); the builds run uninstrumented. Every rep is a fresh identical model
+    (PYTHONHASHSEED and one torch thread are set by bench/run.py), so the reps of one contender agree to a few
+    instructions: the spread is reported, not assumed. Each count is dumped under the label ``<size>:<online or
+    offline>:<contender>:<rep>``; bench/run.py reads the dumps. Legacy is left out: it is not a goal's contender
+    and crashes online."""
+    import ctypes
+
+    import torch
+
+    lib = ctypes.CDLL(callgrind_lib)
+    lib.vc_end.argtypes = [ctypes.c_char_p]
+    if not lib.vc_running_on_valgrind():
+        raise SystemExit("the instructions part counts under callgrind: run it through bench/run.py (section 3i)")
+    torch.set_num_threads(1)
+    contenders, check, _ = loader_contenders()
+    names = ["meta_safe", "in_tree"]
+    labels = []
+    for n in sizes:
+        for online in (True, False):
+            models = Models(n, online, hidden)
+            for i in range(reps[n]):
+                for name in rotated(names, i):
+                    model = models.fresh()
+                    gc.collect()
+                    gc.disable()
+                    label = f"{n}:{'online' if online else 'offline'}:{name}:{i}"
+                    lib.vc_begin()
+                    contenders[name](model)
+                    lib.vc_end(label.encode())
+                    gc.enable()
+                    check(name, model, models)
+                    labels.append(label)
+                    del model
+            print(f"[worker] {n} {'online' if online else 'offline'}: counted {reps[n]} reps", file=sys.stderr,
+                  flush=True)
+    return {"hidden": hidden, "labels": labels}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", default="hook,loader")
@@ -397,6 +459,7 @@ def main() -> None:
     parser.add_argument("--reloads", type=int, default=15)
     parser.add_argument("--apply-iters", type=int, default=50)
     parser.add_argument("--quick", action="store_true", help="few repeats (smoke test)")
+    parser.add_argument("--callgrind-lib", help="bench/_callgrind.c built as a shared library (instructions part)")
     args = parser.parse_args()
     parts = args.parts.split(",")
     out = {"env": {}}
@@ -416,6 +479,10 @@ def main() -> None:
         sizes = [int(s) for s in args.sizes.split(",")]
         reps = {n: (3 if args.quick else (101 if n <= 100 else 31 if n <= 1000 else 9)) for n in sizes}
         out["loader"] = part_loader(sizes, args.hidden, reps, args.quick)
+    if "instructions" in parts:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        reps = {n: (2 if args.quick or n > 1000 else 3) for n in sizes}
+        out["instructions"] = part_instructions(sizes, args.hidden, reps, args.callgrind_lib)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
 

@@ -15,6 +15,8 @@ Sections (every figure is a median of interleaved repeated runs; the repeat coun
      clock including interpreter start.
   3. `_process_weights_after_loading` on CPU: meta-safe variant vs vllm-omni's in-tree method vs the legacy
      variant, on synthetic DiT-shaped models (bench/_worker.py); peak memory; the shim's per-call overhead.
+  3i. the same meta_safe and in_tree calls counted in instructions under callgrind (valgrind, gcc and valgrind's
+     headers; skipped without them): the measure that resolves 1 % where time, on a shared VM, cannot.
   4. hook latency (target module imported -> patch on the class) and `apply()` when already applied.
 Only the standard library is used here; everything that needs torch/vLLM runs in subprocesses.
 """
@@ -196,13 +198,16 @@ def section_doctor(py: str, probe_runs: int, doctor_per_probe: int) -> dict:
             "speedup_cpu": med(probe_cpu) / med(doctor_cpu), "agree": agree, "probe_facts": p}
 
 
-def run_worker(py: str, parts: str, variant: str, quick: bool, sizes: str) -> dict:
+def run_worker(py: str, parts: str, variant: str, quick: bool, sizes: str, *, prefix=(), extra_args=(),
+               extra_env=None) -> dict:
+    """bench/_worker.py's ``parts`` in a fresh interpreter of ``py`` (behind ``prefix``, e.g. valgrind); its JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
-        cmd = [py, os.path.join(HERE, "_worker.py"), "--parts", parts, "--out", out, "--sizes", sizes]
+        cmd = [*prefix, py, os.path.join(HERE, "_worker.py"), "--parts", parts, "--out", out, "--sizes", sizes,
+               *extra_args]
         if quick:
             cmd.append("--quick")
-        env = clean_env(**({"VLLM_COMPAT_LOADER_VARIANT": variant} if variant != "auto" else {}))
+        env = clean_env(**({"VLLM_COMPAT_LOADER_VARIANT": variant} if variant != "auto" else {}), **(extra_env or {}))
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
         for line in proc.stderr.splitlines():
@@ -212,6 +217,63 @@ def run_worker(py: str, parts: str, variant: str, quick: bool, sizes: str) -> di
             raise SystemExit(f"worker failed ({proc.returncode}): {cmd}\n{proc.stderr[-4000:]}")
         with open(out) as f:
             return json.load(f)
+
+
+def section_instructions(py: str, quick: bool, sizes: str) -> dict:
+    """Section 3's meta_safe and in_tree calls counted in instructions under callgrind (bench/_worker.py's
+    ``instructions`` part): the CPU measure that resolves 1 % on a machine whose time is noisy. Needs valgrind
+    and a C compiler with valgrind's headers; returns ``{"skipped": why}`` without them."""
+    missing = [tool for tool in ("valgrind", "gcc") if shutil.which(tool) is None]
+    if missing or not os.path.exists("/usr/include/valgrind/callgrind.h"):
+        return {"skipped": f"needs valgrind, gcc and valgrind/callgrind.h (missing: {missing or 'the header'})"}
+    log("3i. instructions: meta_safe and in_tree under callgrind (slow: the counted calls run ~50x slower)")
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = os.path.join(tmp, "libvc.so")
+        wall(["gcc", "-shared", "-fPIC", "-O1", "-o", lib, os.path.join(HERE, "_callgrind.c")])
+        dumps = os.path.join(tmp, "cg.out")
+        prefix = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={dumps}", "-q"]
+        t0 = time.perf_counter()
+        result = run_worker(py, "instructions", "meta_safe", quick, sizes, prefix=prefix,
+                            extra_args=["--callgrind-lib", lib],
+                            extra_env={"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"})["instructions"]
+        result["seconds"] = time.perf_counter() - t0
+        counts = {}
+        for name in os.listdir(tmp):
+            if name.startswith("cg.out"):
+                label, total = read_callgrind_dump(os.path.join(tmp, name))
+                if label is not None:
+                    counts[label] = total
+    missing_labels = [label for label in result["labels"] if label not in counts]
+    if missing_labels:
+        raise SystemExit(f"callgrind wrote no count for {missing_labels[:3]} ({len(missing_labels)} in all)")
+    result["counts"] = {label: counts[label] for label in result["labels"]}
+    return result
+
+
+def read_callgrind_dump(path: str) -> tuple[str | None, int]:
+    """(the client request's label, instructions counted) of one callgrind dump; (None, 0) for other dumps."""
+    label, total = None, 0
+    with open(path) as f:
+        for line in f:
+            if line.startswith("desc: Trigger: Client Request: "):
+                label = line.split(": ", 3)[3].strip()
+            elif line.startswith(("summary:", "totals:")):
+                total = int(line.split()[1])
+    return label, total
+
+
+def instruction_cases(s3i: dict) -> list[dict]:
+    """Per size and model: each contender's counts over the reps, and meta_safe / in_tree of their medians."""
+    cases: dict[tuple, dict] = {}
+    for label, count in s3i["counts"].items():
+        n, model, name, _ = label.split(":")
+        case = cases.setdefault((int(n), model == "online"), {"n_quant": int(n), "online": model == "online",
+                                                               "counts": {}})
+        case["counts"].setdefault(name, []).append(count)
+    for case in cases.values():
+        c = case["counts"]
+        case["ratio"] = med(c["meta_safe"]) / med(c["in_tree"])
+    return sorted(cases.values(), key=lambda c: (c["n_quant"], not c["online"]))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -244,7 +306,8 @@ def fmt_bytes(n: int) -> str:
     return f"{n:,} B"
 
 
-def render(m: dict, env: dict, s1: dict | None, s2: dict | None, s3: dict | None, s4: list) -> str:
+def render(m: dict, env: dict, s1: dict | None, s2: dict | None, s3: dict | None, s4: list,
+           s3i: dict | None = None) -> str:
     out = []
     w = out.append
     w("# vllm_compat benchmarks\n")
@@ -381,6 +444,8 @@ def render(m: dict, env: dict, s1: dict | None, s2: dict | None, s3: dict | None
                     continue
                 w(f"| {'online' if online else 'offline'} | {name} | " + " | ".join(f"{x:.1f} us" for x in per)
                   + f" | {per[-1] / per[0]:.2f} |")
+        if s3i:
+            render_instructions(w, s3i)
         ov, oc = lo["overhead_us"], lo.get("overhead_cpu_us", lo["overhead_us"])
         w("")
         w(f"Shim per-call overhead on an empty model (`nn.Module()`, no quant layers), median of 15 interleaved "
@@ -398,6 +463,10 @@ def render(m: dict, env: dict, s1: dict | None, s2: dict | None, s3: dict | None
             cv = oc[a] - (oc[b] if b else 0)
             w(f"| {label} | {wv:.2f} | {cv:.2f} |")
         w("")
+
+    if s3i and not s3:
+        w("## 3. `_process_weights_after_loading` on CPU: instructions only\n")
+        render_instructions(w, s3i)
 
     if s4:
         w("## 4. Patch application\n")
@@ -425,6 +494,29 @@ def render(m: dict, env: dict, s1: dict | None, s2: dict | None, s3: dict | None
     return "\n".join(out)
 
 
+def render_instructions(w, s3i: dict) -> None:
+    if "skipped" in s3i:
+        w(f"Instructions executed: not measured ({s3i['skipped']}).\n")
+        return
+    w(f"Instructions executed by the call (callgrind `Ir`, only the call instrumented: bench/_callgrind.c), the "
+      f"same calls on fresh identical models, rotated order, one torch thread, PYTHONHASHSEED=0; "
+      f"{s3i['seconds']:.0f} s under valgrind. Unlike time, the count does not depend on what else the machine "
+      f"runs, so it resolves 1 %: the spread column shows how far the reps of one contender differ.\n")
+    w(f"| quant layers | model | reps | meta_safe instructions | in_tree instructions | spread (max-min)/median, "
+      f"meta_safe / in_tree | ratio of medians | <= {GOAL_LOADER_RATIO} |")
+    w("|---|---|---|---|---|---|---|---|")
+    for c in instruction_cases(s3i):
+        ms, it = c["counts"]["meta_safe"], c["counts"]["in_tree"]
+
+        def spread(xs):
+            return f"{(max(xs) - min(xs)) / med(xs) * 100:.3f} %"
+
+        w(f"| {c['n_quant']:,} | {'online quant' if c['online'] else 'no online quant'} | {len(ms)} | "
+          f"{med(ms):,.0f} | {med(it):,.0f} | {spread(ms)} / {spread(it)} | {c['ratio']:.4f} | "
+          f"{ok(c['ratio'] <= GOAL_LOADER_RATIO)} |")
+    w("")
+
+
 def paired_cpu_ratio(case: dict) -> float | None:
     """Median over reps of meta_safe / in_tree CPU time, the two calls of one rep being made one after the other."""
     cpu = case.get("cpu_ms_all", {})
@@ -438,7 +530,7 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--hook-python", action="append", default=[])
     parser.add_argument("--quick", action="store_true", help="smoke test: few repeats, small models")
-    parser.add_argument("--sections", default="1,2,3,4")
+    parser.add_argument("--sections", default="1,2,3,3i,4")
     parser.add_argument("--no-write", action="store_true", help="do not write bench/results.md")
     parser.add_argument("--render", metavar="JSON", help="only re-render the table from a results.json")
     args = parser.parse_args()
@@ -447,7 +539,8 @@ def main() -> None:
             raw = json.load(f)
         w = raw["worker"] or {}
         s4 = ([w] if "hook" in w else []) + raw["hook_envs"]
-        text = render(raw["machine"], raw["env"], raw["import"], raw["doctor"], w if "loader" in w else None, s4)
+        text = render(raw["machine"], raw["env"], raw["import"], raw["doctor"], w if "loader" in w else None, s4,
+                      raw.get("instructions"))
         print(text)
         if not args.no_write:
             with open(os.path.join(HERE, "results.md"), "w") as f:
@@ -475,6 +568,8 @@ def main() -> None:
             s3 = s4main
         if "hook" in s4main:
             s4.append(s4main)
+    s3i = (section_instructions(args.python, args.quick, "100,1000" if args.quick else "100,1000,10000")
+           if "3i" in sections else None)
     env = s4main["env"] if s4main else json.loads(wall([args.python, "-c", (
         "import json, platform; from importlib import metadata as m\n"
         "def v(d):\n try: return m.version(d)\n except m.PackageNotFoundError: return None\n"
@@ -487,9 +582,10 @@ def main() -> None:
             s4.append(run_worker(py, "hook", "auto", args.quick, ""))
     m["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     m["total_s"] = time.perf_counter() - start
-    text = render(m, env, s1, s2, s3, s4)
+    text = render(m, env, s1, s2, s3, s4, s3i)
     print(text)
-    raw = {"machine": m, "env": env, "import": s1, "doctor": s2, "worker": s4main, "hook_envs": s4[1:]}
+    raw = {"machine": m, "env": env, "import": s1, "doctor": s2, "worker": s4main, "hook_envs": s4[1:],
+           "instructions": s3i}
     if not args.no_write:
         with open(os.path.join(HERE, "results.md"), "w") as f:
             f.write(text + "\n")

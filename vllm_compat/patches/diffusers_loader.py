@@ -269,6 +269,9 @@ def _layerwise_finalize_finder(layerwise) -> Callable[[], Callable[..., Any] | N
             checked[:] = [finalize, ok]
         return finalize if checked[1] else None
 
+    # Checked now, while the patch is installed: the check reads the signature (~50 us, 1.7 % of a 100-layer
+    # online call in instructions, bench section 3i), and the one loading call of a worker would otherwise pay it.
+    find_finalize()
     return find_finalize
 
 
