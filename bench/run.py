@@ -317,7 +317,12 @@ def render(m: dict, env: dict, s1: dict | None, s2: dict | None, s3: dict | None
       f"{' '.join(f'{x:.2f}' for x in m['loadavg_end'])} (other work on the box adds noise to wall clocks)  ")
     w(f"Env measured: `{env['python_path']}`: Python {env['python']}, torch {env['torch']}, vllm {env['vllm']}, "
       f"vllm-omni {env['vllm-omni']}, wrapt {env['wrapt']}  ")
-    w(f"Command: `{m['command']}`; total {m['total_s']:.0f} s\n")
+    w(f"Command: `{m['command']}`; total {m['total_s']:.0f} s  ")
+    for u in m.get("updates", []):
+        w(f"Sections {', '.join(u['sections'])} measured again {u['date']} (load average "
+          f"{' '.join(f'{x:.2f}' for x in u['loadavg_start'])} / {' '.join(f'{x:.2f}' for x in u['loadavg_end'])}): "
+          f"`{u['command']}`; {u['total_s']:.0f} s  ")
+    w("")
 
     if s1:
         w("## 1. Import cost (`python -c \"import vllm_compat\"` vs `python -c pass`)\n")
@@ -417,7 +422,8 @@ def render(m: dict, env: dict, s1: dict | None, s2: dict | None, s3: dict | None
           "call adds over the heap before it (the model's own Python objects, measured once, vary by a few "
           "percent from build to build, more than any call adds, so peaks of separate builds do not compare); "
           "the diff is taken over model + added. tracemalloc cannot see tensor storage and RSS is too coarse "
-          "(glibc arenas) for kB-sized deltas, hence the two counters.\n")
+          "(glibc arenas) for kB-sized deltas, hence the two counters, each read on a call of its own (the "
+          "profiler's own Python objects would count in the heap's).\n")
         w("| quant layers | model | tensors: model + peak new (meta_safe / in_tree / legacy) | tensor peak diff | "
           f"Python heap: model + added (meta_safe / in_tree / legacy) | heap peak diff | within {GOAL_MEMORY_PCT:.0f}% |")
         w("|---|---|---|---|---|---|---|")
@@ -533,18 +539,14 @@ def main() -> None:
     parser.add_argument("--sections", default="1,2,3,3i,4")
     parser.add_argument("--no-write", action="store_true", help="do not write bench/results.md")
     parser.add_argument("--render", metavar="JSON", help="only re-render the table from a results.json")
+    parser.add_argument("--update", action="store_true",
+                        help="run only --sections and put them into bench/results.json / .md, keeping the others "
+                             "(the header says which sections were measured when)")
     args = parser.parse_args()
     if args.render:
         with open(args.render) as f:
             raw = json.load(f)
-        w = raw["worker"] or {}
-        s4 = ([w] if "hook" in w else []) + raw["hook_envs"]
-        text = render(raw["machine"], raw["env"], raw["import"], raw["doctor"], w if "loader" in w else None, s4,
-                      raw.get("instructions"))
-        print(text)
-        if not args.no_write:
-            with open(os.path.join(HERE, "results.md"), "w") as f:
-                f.write(text + "\n")
+        write_results(raw, json_too=False, no_write=args.no_write)
         return
     sections = set(args.sections.split(","))
     start = time.perf_counter()
@@ -558,18 +560,14 @@ def main() -> None:
     if s1 is not None:
         s1["hook"] = section_hook(args.python, 10 if args.quick else 100)
     s2 = section_doctor(args.python, 1 if args.quick else 3, 4 if args.quick else 10) if "2" in sections else None
-    s3 = s4main = None
+    s4main = None
     s4 = []
     if "3" in sections or "4" in sections:
         parts = ",".join(p for s, p in (("4", "hook"), ("3", "loader")) if s in sections)
         log(f"3/4. worker in {args.python} ({parts}, VLLM_COMPAT_LOADER_VARIANT=meta_safe)")
         s4main = run_worker(args.python, parts, "meta_safe", args.quick, "100,1000" if args.quick else "100,1000,10000")
-        if "loader" in s4main:
-            s3 = s4main
         if "hook" in s4main:
             s4.append(s4main)
-    s3i = (section_instructions(args.python, args.quick, "100,1000" if args.quick else "100,1000,10000")
-           if "3i" in sections else None)
     env = s4main["env"] if s4main else json.loads(wall([args.python, "-c", (
         "import json, platform; from importlib import metadata as m\n"
         "def v(d):\n try: return m.version(d)\n except m.PackageNotFoundError: return None\n"
@@ -581,17 +579,54 @@ def main() -> None:
             log(f"4. hook worker in {py} (auto)")
             s4.append(run_worker(py, "hook", "auto", args.quick, ""))
     m["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    # Last: its counts do not depend on the machine's load, so other work may start once it has (the log says).
+    s3i = (section_instructions(args.python, args.quick, "100,1000" if args.quick else "100,1000,10000")
+           if "3i" in sections else None)
     m["total_s"] = time.perf_counter() - start
-    text = render(m, env, s1, s2, s3, s4, s3i)
-    print(text)
     raw = {"machine": m, "env": env, "import": s1, "doctor": s2, "worker": s4main, "hook_envs": s4[1:],
            "instructions": s3i}
-    if not args.no_write:
-        with open(os.path.join(HERE, "results.md"), "w") as f:
-            f.write(text + "\n")
+    if args.update:
+        with open(os.path.join(HERE, "results.json")) as f:
+            raw = updated(json.load(f), raw, sections)
+    write_results(raw, json_too=True, no_write=args.no_write)
+
+
+# The results.json keys each section's figures are kept under (sections 3 and 4 share one worker's).
+SECTION_KEYS = {"1": ("import",), "2": ("doctor",), "3": ("worker",), "4": ("worker", "hook_envs"),
+                "3i": ("instructions",)}
+
+
+def updated(old: dict, new: dict, sections: set) -> dict:
+    """``old`` results with the figures of ``sections`` taken from ``new``; the run is listed in the machine's
+    ``updates`` (the header shows it), the rest of the header stays the first run's."""
+    if sections & {"3", "4"} and not {"3", "4"} <= sections:
+        raise SystemExit("--update: sections 3 and 4 come from one worker; update both or neither")
+    merged = dict(old)
+    for section in sections:
+        for key in SECTION_KEYS[section]:
+            merged[key] = new[key]
+    m = new["machine"]
+    merged["machine"] = {**old["machine"], "updates": [*old["machine"].get("updates", []), {
+        "sections": sorted(sections), "date": m["date"], "command": m["command"], "total_s": m["total_s"],
+        "loadavg_start": m["loadavg_start"], "loadavg_end": m["loadavg_end"]}]}
+    return merged
+
+
+def write_results(raw: dict, *, json_too: bool, no_write: bool) -> None:
+    """Render ``raw`` (results.json's shape), print it, and write results.md (and results.json)."""
+    worker = raw["worker"] or {}
+    s4 = ([worker] if "hook" in worker else []) + raw["hook_envs"]
+    text = render(raw["machine"], raw["env"], raw["import"], raw["doctor"], worker if "loader" in worker else None,
+                  s4, raw.get("instructions"))
+    print(text)
+    if no_write:
+        return
+    with open(os.path.join(HERE, "results.md"), "w") as f:
+        f.write(text + "\n")
+    if json_too:
         with open(os.path.join(HERE, "results.json"), "w") as f:
             json.dump(raw, f, indent=1, default=str)
-        log("wrote bench/results.md and bench/results.json")
+    log(f"wrote bench/results.md{' and bench/results.json' if json_too else ''}")
 
 
 if __name__ == "__main__":
