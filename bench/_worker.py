@@ -413,8 +413,8 @@ def part_instructions(sizes, hidden: int, reps: dict, callgrind_lib: str) -> dic
     The VM this runs on has its CPU time stolen by its host, so time cannot resolve 1 % between two calls of a few
     ms (section 3); instructions executed can, and do not depend on what else the machine is doing. Only the call
     is instrumented (``bench/_callgrind.c``); the builds run uninstrumented. Every rep is a fresh identical model
-    (PYTHONHASHSEED and one torch thread are set by bench/run.py), so the reps of one contender agree to a few
-    instructions: the spread is reported, not assumed. Each count is dumped under the label ``<size>:<online or
+    (PYTHONHASHSEED and one torch thread are set by bench/run.py), so the reps of one contender agree closely
+    (within 0.2 % in the first runs); the spread is reported, not assumed. Each count is dumped under the label ``<size>:<online or
     offline>:<contender>:<rep>``; bench/run.py reads the dumps. Legacy is left out: it is not a goal's contender
     and crashes online."""
     import ctypes
