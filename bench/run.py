@@ -602,11 +602,11 @@ def main() -> None:
         for py in args.hook_python:
             log(f"4. hook worker in {py} (auto)")
             s4.append(run_worker(py, "hook", "auto", args.quick, ""))
-    m["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     # Last: its counts do not depend on the machine's load, so other work may start once it has (the log says).
     s3i = (section_instructions(args.python, args.quick, args.instruction_sizes or ("100,1000" if args.quick else
                                                                                     "100,1000,10000"))
            if "3i" in sections else None)
+    m["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     m["total_s"] = time.perf_counter() - start
     raw = {"machine": m, "env": env, "import": s1, "doctor": s2, "worker": s4main, "hook_envs": s4[1:],
            "instructions": s3i}
