@@ -535,10 +535,16 @@ def render_instructions(w, s3i: dict) -> None:
     w("")
 
 
+def paired_ratio(meta_safe: list, in_tree: list) -> float:
+    """Median over reps (or rounds) of meta_safe / in_tree, the two values of one rep taken one after the other:
+    drift between reps cancels, where a ratio of the two medians would compare different reps."""
+    return med([a / b for a, b in zip(meta_safe, in_tree, strict=True)])
+
+
 def paired_peak_diff_pct(base: int, added_all: dict) -> float:
     """Median over rounds of meta_safe's peak (base + added) against in_tree's in the same round, in percent."""
-    return (med([(base + a) / (base + b) for a, b in zip(added_all["meta_safe"], added_all["in_tree"], strict=True)])
-            - 1) * 100
+    peaks = {name: [base + added for added in added_all[name]] for name in ("meta_safe", "in_tree")}
+    return (paired_ratio(peaks["meta_safe"], peaks["in_tree"]) - 1) * 100
 
 
 def paired_cpu_ratio(case: dict) -> float | None:
@@ -546,7 +552,7 @@ def paired_cpu_ratio(case: dict) -> float | None:
     cpu = case.get("cpu_ms_all", {})
     if "meta_safe" not in cpu or "in_tree" not in cpu:
         return None
-    return statistics.median([a / b for a, b in zip(cpu["meta_safe"], cpu["in_tree"], strict=True)])
+    return paired_ratio(cpu["meta_safe"], cpu["in_tree"])
 
 
 def main() -> None:
