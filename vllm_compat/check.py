@@ -25,7 +25,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .detect.static import SourceTree
+from .detect.source_tree import SourceTree
 from .detect.wheels import PACKAGES, WheelError, fetch_wheel, newest_version, normalize_distribution
 
 
@@ -81,7 +81,7 @@ def _index_input(distribution: str, version: str | None) -> CheckInput:
 
 
 def _installed_omni() -> CheckInput | None:
-    from .detect.static import installed_package_root
+    from .detect.source_tree import installed_package_root
     from .detect.versions import installed_version
 
     root = installed_package_root("vllm_omni")

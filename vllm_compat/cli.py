@@ -47,7 +47,8 @@ def _scan(args) -> int:
     from pathlib import Path
 
     from .detect.import_drift import check_import_drift
-    from .detect.static import SourceTree, scan_tree
+    from .detect.source_tree import SourceTree
+    from .detect.static import scan_tree
     from .reporting import render_import_drift
 
     against = None

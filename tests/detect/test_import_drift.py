@@ -310,7 +310,7 @@ def test_installed_drift_is_cached_by_record_and_equals_a_fresh_check(tmp_path, 
     """doctor's drift comes from the on-disk cache on the second call: the same result as a fresh check; a
     corrupted cache file is ignored and rewritten."""
     from vllm_compat.detect import import_drift as drift_module
-    from vllm_compat.detect.static import _tree_of
+    from vllm_compat.detect.source_tree import tree_of as _tree_of
 
     monkeypatch.setenv("VLLM_COMPAT_CACHE_DIR", str(tmp_path))
     fresh = drift_module.check_import_drift(_tree_of("vllm_omni"), _tree_of("vllm"))

@@ -70,9 +70,9 @@ def omni_importers(tree, files: tuple[str, ...], module: str, name: str | None) 
 
 def installed_omni_tree():
     """The installed vllm-omni's files (a ``SourceTree``), found without importing ``vllm_omni``."""
-    from ..detect.static import _tree_of
+    from ..detect.source_tree import tree_of
 
-    return _tree_of("vllm_omni")
+    return tree_of("vllm_omni")
 
 
 def host_lookup(vllm_tree, module: str, name: str | None) -> str:

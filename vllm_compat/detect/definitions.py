@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import hashlib
 
-from .static import SourceTree
+from .source_tree import SourceTree
 
 # Fields that some Python versions have and others lack, or that carry no meaning for identity.
 _SKIPPED_FIELDS = frozenset({"type_params", "type_comment", "kind", "ctx"})

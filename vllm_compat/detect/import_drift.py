@@ -32,7 +32,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from .static import SourceTree, _tree_of
+from .source_tree import SourceTree, tree_of
 
 PLUGINS = {"vllm-omni": "vllm_omni"}  # distribution -> top-level package checked against vLLM
 # What a plugin's diffusion stage imports beyond the package (the stage process, its engine, the worker): a stage
@@ -314,29 +314,18 @@ def _context(text: str, start: int, spans: list[int], top_lines: list[int]) -> s
 
 
 def _walk_py(tree: SourceTree, package: str) -> list[str]:
-    """Relative paths of every ``.py`` file of ``package`` in ``tree`` (a directory or a wheel)."""
-    zf = getattr(tree, "_zip", None)
-    if zf is not None:
-        return sorted(n for n in zf.namelist() if n.startswith(f"{package}/") and n.endswith(".py"))
-    base = tree.root / package
-    found = []
-    for dirpath, dirnames, filenames in os.walk(base):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-        rel = os.path.relpath(dirpath, tree.root).replace(os.sep, "/")
-        found.extend(f"{rel}/{f}" for f in filenames if f.endswith(".py"))
-    return sorted(found)
+    return tree.walk_py(package)
 
 
 class _Names:
     """The zip namelist / directory listing of a tree, for existence checks without a stat per query."""
 
     def __init__(self, tree: SourceTree):
-        zf = getattr(tree, "_zip", None)
         self.tree = tree
-        self._is_zip = zf is not None
+        self._is_zip = tree.is_zip
         self._dirs: dict[str, set[str]] = {}
-        if zf is not None:  # every directory of the zip indexed in one pass (a scan per directory cost ~0.4 s)
-            for name in zf.namelist():
+        if tree.is_zip:  # every directory of the zip indexed in one pass (a scan per directory cost ~0.4 s)
+            for name in tree.namelist():
                 parts = name.split("/")
                 for depth, entry in enumerate(parts):
                     if entry:
@@ -717,7 +706,7 @@ def detect_import_drift(plugin: str = "vllm_omni") -> ImportDrift | None:
     files (path, size, mtime) and this module's own file: installing, upgrading or removing either package, or
     upgrading vllm_compat, makes a new key. Without a ``RECORD`` (a tree that is not an installed distribution)
     nothing is cached. A cache that cannot be read or written is ignored."""
-    plugin_tree, host_tree = _tree_of(plugin), _tree_of(HOST)
+    plugin_tree, host_tree = tree_of(plugin), tree_of(HOST)
     key = _cache_key(plugin_tree, plugin, host_tree)
     cached = _read_cached(key)
     if cached is not None:

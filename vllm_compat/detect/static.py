@@ -5,8 +5,6 @@ import them. Fast enough for ``vllm-compat doctor`` to run before a worker start
 from __future__ import annotations
 
 import ast
-import importlib.util
-from pathlib import Path
 
 from .model import (
     FINALIZE_NAME,
@@ -18,6 +16,7 @@ from .model import (
     VllmCapabilities,
     classify_loader_source,
 )
+from .source_tree import SourceTree, installed_package_root, tree_at
 from .versions import installed_version
 
 BASE_CONFIG_FILE = "vllm/model_executor/layers/quantization/base_config.py"
@@ -26,53 +25,6 @@ OMNI_LOADER_FILE = "vllm_omni/diffusion/model_loader/diffusers_loader.py"
 OMNI_QUANTIZATION_DIR = "vllm_omni/quantization/"
 LOADER_CLASS = "DiffusersPipelineLoader"
 LOADER_METHOD = "_process_weights_after_loading"
-
-
-class SourceTree:
-    """Read-only view of files under a root that holds top-level packages: a site-packages directory, an
-    unpacked tree, or a wheel (zip). Paths are POSIX, relative to that root."""
-
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        self._zip = None
-        if self.root.is_file():
-            import zipfile  # wheels only (check, scan): doctor's installed trees are directories
-
-            self._zip = zipfile.ZipFile(self.root)
-
-    def read(self, relpath: str) -> str | None:
-        try:
-            if self._zip is not None:
-                return self._zip.read(relpath).decode("utf-8")
-            return (self.root / relpath).read_text(encoding="utf-8")
-        except (KeyError, OSError, UnicodeDecodeError):
-            return None
-
-    def list_dir(self, reldir: str) -> list[str]:
-        if self._zip is not None:
-            return sorted(n for n in self._zip.namelist() if n.startswith(reldir) and "/" not in n[len(reldir):])
-        base = self.root / reldir
-        return sorted(f"{reldir}{p.name}" for p in base.iterdir()) if base.is_dir() else []
-
-    def has_package(self, name: str) -> bool:
-        return self.read(f"{name}/__init__.py") is not None
-
-    def distribution_version(self, distribution: str) -> str | None:
-        """Version from a ``*.dist-info/METADATA`` inside the tree (for trees that are not installed)."""
-        prefix = distribution.replace("-", "_") + "-"
-        if self._zip is not None:
-            names = self._zip.namelist()
-        else:
-            names = [p.name + "/" for p in self.root.iterdir()] if self.root.is_dir() else []
-        for name in names:
-            top = name.split("/", 1)[0]
-            if top.startswith(prefix) and top.endswith(".dist-info"):
-                text = self.read(f"{top}/METADATA")
-                if text:
-                    from email.parser import HeaderParser  # ~25 ms to import: wheels and unpacked trees only
-
-                    return HeaderParser().parsestr(text).get("Version")
-        return None
 
 
 def _class_body(tree: ast.Module, class_name: str) -> list[ast.stmt] | None:
@@ -176,26 +128,6 @@ def scan_omni_meta_device_methods(tree: SourceTree) -> tuple[str, ...]:
     return tuple(found)
 
 
-def installed_package_root(name: str) -> Path | None:
-    """The directory holding the installed top-level package ``name``, found without importing it."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))).parent
-
-
-def _tree_of(name: str) -> SourceTree:
-    return _tree_at(installed_package_root(name))
-
-
-def _tree_at(root: Path | None) -> SourceTree:
-    # An empty tree answers "not installed" to every question.
-    return SourceTree(root) if root is not None else SourceTree(Path("/nonexistent-vllm-compat-root"))
-
-
 def scan_tree(tree: SourceTree, versions: dict[str, str | None] | None = None, omni_tree: SourceTree | None = None) -> Environment:
     """One static detection pass over ``tree`` (and ``omni_tree`` for vllm-omni when it lives elsewhere);
     ``versions`` overrides the versions read from the tree's dist-info."""
@@ -236,7 +168,7 @@ class StaticSite:
         from . import fact_cache
 
         roots = {package: installed_package_root(package) for package in fact_cache.PACKAGES}
-        site = cls(_tree_at(roots["vllm"]), _tree_at(roots["vllm_omni"]))
+        site = cls(tree_at(roots["vllm"]), tree_at(roots["vllm_omni"]))
         site._versions = _installed_versions
         site._cache_key = fact_cache.installed_key({p: str(r) if r is not None else None for p, r in roots.items()})
         site._cached = fact_cache.load(site._cache_key)
