@@ -8,9 +8,11 @@ check the doctor uses, in one ``reporting.Report`` -> one screen (or ``--json``)
 natively, works with vllm_compat, or will not start (and why). Nothing is installed; vLLM, vllm-omni and torch
 are never imported.
 
-Like the doctor, the check follows vllm-omni's diffusion worker module through its module-level imports
-(``detect.import_drift.WORKERS``): a worker that does not import is a worker that does not start, even when
-``import vllm_omni`` works (vllm-omni 0.24.0 on vLLM 0.29+: a module its worker imports is gone).
+Like the doctor, the check follows each way vllm-omni is started (``entrypoints.ENTRYPOINTS``: the offline API,
+``vllm serve --omni``, the diffusion stage) through its module-level imports: an entrypoint whose modules do not
+import does not start, even when ``import vllm_omni`` works (vllm-omni 0.24.0 on vLLM 0.25.1: the server's CLI
+reaches ``vllm.entrypoints.serve.disagg``; on 0.29+ a module its diffusion worker imports is gone). The verdict
+names each; it says WORKS only when all of them start.
 
 Exit codes, as the doctor's: 0 it works (natively or with the shim), 1 it will not start (or a target is
 refused), 2 usage: a version that does not exist, no network, a file that is not a vLLM / vllm-omni wheel.
@@ -170,6 +172,7 @@ class CheckResult:
         data["still_blocking"] = {
             "import": _first_use(drift.still_blocking if drift else ()),
             "diffusion_worker": _first_use(drift.still_worker_blocking if drift else ()),
+            **{e.id: _first_use(drift.still_stopping(e.id)) for e in (drift.entrypoints if drift else ())},  # beyond "import"
         }
         return data
 
@@ -229,15 +232,24 @@ def render(result: CheckResult) -> str:
         lines += ["", f"  import drift: {len(drift.unresolved)} of vllm-omni's {drift.checked} module-level vLLM "
                       f"imports no longer resolve ({len(drift.names)} distinct name(s))"
                   + (f", {len(drift.bridged)} bridged by vllm_compat" if drift.bridged else "")]
-        for label, imports in (("import vllm_omni", drift.still_blocking),
-                               ("diffusion worker", drift.still_worker_blocking)):
-            if imports:
-                names = ", ".join(f"{b['target']} (in {b['importer']}:{b['line']})" for b in _first_use(imports))
-                lines.append(f"    still stops {label}: {names}")
-        if drift.import_ok and drift.worker_ok:
-            lines.append("    none of them stops `import vllm_omni` or its diffusion worker (bridged or not reached)")
-        if drift.worker_module is None:
-            lines.append("    (this vllm-omni has no diffusion worker module: the worker's imports were not followed)")
+        if drift.still_blocking:
+            names = ", ".join(f"{b['target']} (in {b['importer']}:{b['line']})" for b in _first_use(drift.still_blocking))
+            lines.append(f"    still stops import vllm_omni: {names}")
+        if drift.import_ok and drift.starts:
+            lines.append("    none of them stops `import vllm_omni` or an entrypoint (bridged or not reached)")
+    if drift is not None and drift.import_ok:
+        lines += ["", "  entrypoints (each followed through its module-level imports, bridges applied):"]
+        for status in drift.statuses:
+            line = f"    {status.label:<{max(len(s.label) for s in drift.statuses)}}  "
+            line += {"works": "starts", "works_with_vllm_compat": "starts with vllm_compat",
+                     "will_not_start": "WILL NOT START", "absent": "not in this vllm-omni release"}[status.status]
+            if status.bridged:
+                line += f" (bridged: {', '.join(status.bridged)})"
+            lines.append(line)
+            for b in _first_use(drift.still_stopping(status.id)):
+                lines.append(f"      still stops it: {b['target']} (in {b['importer']}:{b['line']})")
+    if result.dependencies is not None:
+        lines += ["", *result.dependencies.render_lines()]
     lines += ["", f"  verdict: {report.verdict().text}"]
     return "\n".join(lines)
 

@@ -28,9 +28,9 @@ class Report:
         """The import drift with the decided bridges applied: a bridged name no longer counts, and for
         ``import vllm_omni`` only when the startup hook puts the bridge in place in time."""
         if self._import_drift is ...:
-            from .detect.import_drift import detect_import_drift
+            from .detect.static import StaticSite
 
-            self._import_drift = detect_import_drift()
+            self._import_drift = StaticSite.installed().installed_import_drift()
         elif callable(self._import_drift):
             self._import_drift = self._import_drift()
         if self._import_drift is None:
@@ -138,21 +138,31 @@ class Report:
         return "\n".join(lines)
 
     def verdict(self) -> Verdict:
-        """The one verdict doctor and ``check`` print: will vllm-omni's diffusion stage start here, and why.
+        """The one verdict doctor and ``check`` print: will each way of starting vllm-omni start here, and why.
 
         Missing vLLM names count once the decided bridges are applied (``import_drift``): first what stops
-        ``import vllm_omni``, then what stops its diffusion worker module; then a failed runtime check, a static /
-        runtime disagreement, a refused target; otherwise it works, with vllm_compat when something is patched or
-        bridged, natively when nothing needs to be."""
+        ``import vllm_omni`` (then nothing starts), then what stops each entrypoint (``entrypoints.ENTRYPOINTS``:
+        the offline API, ``vllm serve --omni``, the diffusion stage), each named with its missing names and the
+        ones that start beside it; then a failed runtime check, a static / runtime disagreement, a refused target;
+        otherwise it works (every entrypoint starts), with vllm_compat when something is patched or bridged,
+        natively when nothing needs to be."""
         drift = self.import_drift
         if drift is not None and not drift.import_ok:
             return Verdict("will_not_start", 1, (
                 f"WILL NOT START: vllm-omni will not import on this vLLM ({', '.join(drift.still_blocking_names)} "
                 "missing) and vllm_compat has no bridge for it; nothing of it can run here, patched or not."))
-        if drift is not None and not drift.worker_ok:
-            return Verdict("will_not_start", 1, (
-                f"WILL NOT START: vllm-omni imports, but its diffusion stage ({drift.worker_module}) does not "
-                f"({', '.join(drift.still_worker_blocking_names)} missing) and vllm_compat has no bridge for it."))
+        stopped = [st for st in drift.statuses if st.status == "will_not_start"] if drift is not None else []
+        if stopped:
+            started = [st for st in drift.statuses if st.starts]
+            patched = [d.name for d in self.patches if d.action == "patched"]
+            text = "WILL NOT START: " + "; ".join(
+                f"{st.label} ({', '.join(st.missing)} missing, no bridge in vllm_compat)" for st in stopped) + "."
+            if started:
+                helped = any(st.status == "works_with_vllm_compat" for st in started) or patched
+                text += (f" {_sentence(_join(st.label for st in started))} "
+                         + ("start" if len(started) > 1 else "starts") + (" with vllm_compat" if helped else "")
+                         + (f" (it handles {', '.join(patched)})" if patched else "") + ".")
+            return Verdict("will_not_start", 1, text)
         if self.runtime_error:
             return Verdict("failed", 1, "FAIL: the runtime check could not complete (see above).")
         if self.mismatches:
@@ -165,9 +175,26 @@ class Report:
             return Verdict("disabled", 0, "vllm_compat is disabled (VLLM_COMPAT_DISABLE): nothing is patched. Unset "
                            "it to see what vllm_compat would do.")
         patched = [d.name for d in self.patches if d.action == "patched"]
-        if patched:
-            return Verdict("works_with_vllm_compat", 0, f"WORKS WITH vllm_compat: it handles {', '.join(patched)}.")
+        started = [st for st in drift.statuses if st.starts] if drift is not None else []
+        bridged = [st.label for st in started if st.status == "works_with_vllm_compat"]
+        details = ([f"{_join(st.label for st in started)} start"] if started else []) + (
+            [f"it handles {', '.join(patched)}"] if patched else []) + (
+            [f"its bridges stand in for what {_join(bridged)} need(s) from vLLM"] if bridged else [])
+        if patched or bridged:
+            return Verdict("works_with_vllm_compat", 0, f"WORKS WITH vllm_compat: {'; '.join(details)}.")
+        if started:
+            return Verdict("works_natively", 0, f"WORKS NATIVELY: {details[0]}; nothing needs patching.")
         return Verdict("works_natively", 0, "WORKS NATIVELY: nothing needs patching (or nothing is installed yet).")
+
+
+def _join(labels) -> str:
+    """"a", "a and b", "a, b and c"."""
+    labels = list(labels)
+    return labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} and {labels[-1]}"
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 @dataclass(frozen=True)
@@ -200,6 +227,26 @@ def render_import_drift(drift, indent: str = "             ", shown: int = 3) ->
     elif drift.blocking:
         lines.append(f"{indent}`import {drift.plugin}` reaches {', '.join(drift.blocking_names)}: bridged by "
                      f"{', '.join(sorted({drift.bridged_by(n) for n in drift.blocking_names}))}")
+    if drift.import_ok:
+        lines += render_entrypoints(drift, indent)
+    return lines
+
+
+ENTRYPOINT_STATUS_TEXT = {"works": "starts", "works_with_vllm_compat": "starts with vllm_compat",
+                          "will_not_start": "WILL NOT START", "absent": "not in this release"}
+
+
+def render_entrypoints(drift, indent: str = "             ") -> list[str]:
+    """One line per entrypoint: whether it starts once the bridges act, and what stops it or was bridged."""
+    lines = []
+    width = max([len(st.label) for st in drift.statuses] + [0])
+    for st in drift.statuses:
+        line = f"{indent}{st.label:<{width}}  {ENTRYPOINT_STATUS_TEXT[st.status]}"
+        if st.missing:
+            line += f": {', '.join(st.missing)} missing, no bridge"
+        elif st.bridged:
+            line += f" (bridged: {', '.join(st.bridged)})"
+        lines.append(line)
     return lines
 
 

@@ -6,9 +6,8 @@ cache holds what ``StaticSite.installed()`` computes: the ``Environment``, every
 ``detect_static`` facts and the import drift (decisions are not cached: they depend on the ``VLLM_COMPAT_*``
 controls).
 
-The key is made as the import-drift cache's is (``detect.import_drift``): the ``RECORD`` (path, size, mtime) of
-the distribution that installed each of vllm, vllm_omni and torch where the package is found, plus every
-``.py`` file of vllm_compat itself (path, size, mtime: an editable install's RECORD never changes), plus the
+It is the one on-disk cache of static detection. The key is the ``RECORD`` (path, size, mtime) of the
+distribution that installed each of vllm, vllm_omni and torch where the package is found, plus every ``.py`` file of vllm_compat itself (path, size, mtime: an editable install's RECORD never changes), plus the
 interpreter's version. Installing, upgrading or removing one of them, or editing vllm_compat, makes a new key.
 A package that is absent, or found where no ``RECORD`` sits beside it (a source tree on ``PYTHONPATH``), makes
 no key: nothing is cached. Facts are pickled (they are vllm_compat's own frozen records, and a new vllm_compat
@@ -26,8 +25,7 @@ _OWN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cache_dir() -> str:
-    """``$VLLM_COMPAT_CACHE_DIR``, else ``$XDG_CACHE_HOME/vllm-compat``, else ``~/.cache/vllm-compat``; ``facts/``
-    (beside the import-drift cache's ``drift/``)."""
+    """``$VLLM_COMPAT_CACHE_DIR``, else ``$XDG_CACHE_HOME/vllm-compat``, else ``~/.cache/vllm-compat``; ``facts/``."""
     base = os.environ.get("VLLM_COMPAT_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm-compat")
     return os.path.join(base, "facts")

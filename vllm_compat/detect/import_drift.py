@@ -32,14 +32,9 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from ..entrypoints import DIFFUSION_STAGE, entrypoints_of
 from .source_tree import SourceTree, tree_of
 
-PLUGINS = {"vllm-omni": "vllm_omni"}  # distribution -> top-level package checked against vLLM
-# What a plugin's diffusion stage imports beyond the package (the stage process, its engine, the worker): a stage
-# whose modules do not import does not start. The engine is its own root: vllm-omni 0.30.0's diffusion KV-cache
-# setup is reached from it, not from the worker.
-WORKERS = {"vllm_omni": ("vllm_omni.diffusion.worker.diffusion_worker", "vllm_omni.diffusion.diffusion_engine",
-                         "vllm_omni.diffusion.stage_diffusion_proc")}
 HOST = "vllm"
 
 _TRIPLE = re.compile(r'"""|\'\'\'')
@@ -73,6 +68,42 @@ class UnresolvedImport:
 
 
 @dataclass(frozen=True)
+class EntrypointDrift:
+    """The unresolved imports one entrypoint (``entrypoints.Entrypoint``) reaches from its roots."""
+
+    id: str  # "offline" | "serve" | "diffusion_stage"
+    label: str  # what the verdict calls it
+    roots: tuple[str, ...]  # the entrypoint's roots this tree ships; () when it ships none (absent)
+    blocking: tuple[UnresolvedImport, ...] = ()  # unresolved imports the roots reach, bridged or not
+
+    @property
+    def blocking_names(self) -> list[str]:
+        return sorted({u.target for u in self.blocking})
+
+
+@dataclass(frozen=True)
+class EntrypointStatus:
+    """Whether one entrypoint starts once the bridges act: ``status`` is "works" (nothing it reaches is missing),
+    "works_with_vllm_compat" (what is missing is bridged in time), "will_not_start" (``missing``: the names no
+    bridge provides) or "absent" (this release ships none of its roots)."""
+
+    id: str
+    label: str
+    status: str
+    roots: tuple[str, ...]
+    missing: tuple[str, ...] = ()  # still stops it
+    bridged: tuple[str, ...] = ()  # missing in vLLM, provided by a vllm_compat bridge before it is imported
+
+    @property
+    def starts(self) -> bool:
+        return self.status in ("works", "works_with_vllm_compat")
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "status": self.status, "roots": list(self.roots), "missing": list(self.missing),
+                "bridged": list(self.bridged)}
+
+
+@dataclass(frozen=True)
 class ImportDrift:
     """Result of checking one plugin package against one vLLM tree."""
 
@@ -82,8 +113,7 @@ class ImportDrift:
     unknown: int  # imports whose target could not be decided (lazy ``__getattr__``, compiled modules)
     unresolved: tuple[UnresolvedImport, ...] = ()
     blocking: tuple[UnresolvedImport, ...] = ()  # the unresolved ones ``import <plugin>`` itself runs
-    worker_module: str | None = None  # the diffusion stage's modules (``WORKERS``), None when the tree has none
-    worker_blocking: tuple[UnresolvedImport, ...] = ()  # the unresolved ones importing the worker runs
+    entrypoints: tuple[EntrypointDrift, ...] = ()  # one per ``entrypoints.ENTRYPOINTS[plugin]``, in its order
     # (target, catalogue entry id) for the unresolved targets a vllm_compat bridge provides (``with_bridges``)
     bridged: tuple[tuple[str, str], ...] = ()
     early: bool = False  # whether the bridges are in place before ``import <plugin>`` (the startup hook)
@@ -108,27 +138,71 @@ class ImportDrift:
         """The catalogue entry id that provides ``target``, or None."""
         return dict(self.bridged).get(target)
 
+    def is_bridged_in_time(self, target: str) -> bool:
+        """Whether a bridge provides ``target`` before anything of the plugin is imported: only a bridge the
+        startup hook puts in place (``early``) is there before ``import <plugin>`` and the entrypoints."""
+        return self.early and self.bridged_by(target) is not None
+
     @property
     def still_blocking(self) -> tuple[UnresolvedImport, ...]:
         """The blocking imports left once the bridges act; a bridge counts for ``import <plugin>`` only when
         it is in place before it (``early``: the startup hook is installed)."""
-        return tuple(u for u in self.blocking if not (self.early and self.bridged_by(u.target)))
+        return tuple(u for u in self.blocking if not self.is_bridged_in_time(u.target))
 
     @property
     def still_blocking_names(self) -> list[str]:
         return sorted({u.target for u in self.still_blocking})
 
+    def entrypoint(self, entrypoint_id: str) -> EntrypointDrift | None:
+        return next((e for e in self.entrypoints if e.id == entrypoint_id), None)
+
+    @property
+    def statuses(self) -> tuple[EntrypointStatus, ...]:
+        """Each entrypoint's status once the bridges act (``EntrypointStatus``), in the table's order."""
+        found = []
+        for e in self.entrypoints:
+            names = e.blocking_names
+            missing = tuple(n for n in names if not self.is_bridged_in_time(n))
+            bridged = tuple(n for n in names if self.is_bridged_in_time(n))
+            status = ("absent" if not e.roots else "will_not_start" if missing
+                      else "works_with_vllm_compat" if bridged else "works")
+            found.append(EntrypointStatus(e.id, e.label, status, e.roots, missing, bridged))
+        return tuple(found)
+
+    @property
+    def starts(self) -> bool:
+        """True when ``import <plugin>`` works and every entrypoint this release ships starts."""
+        return self.import_ok and all(s.starts for s in self.statuses if s.status != "absent")
+
+    # The diffusion stage under its older names (the matrix's ``worker_unresolved``, check's "diffusion worker").
+    @property
+    def worker_module(self) -> str | None:
+        """The diffusion stage's roots this tree ships, comma-separated; None when it ships none."""
+        stage = self.entrypoint(DIFFUSION_STAGE)
+        return ", ".join(stage.roots) if stage is not None and stage.roots else None
+
+    @property
+    def worker_blocking(self) -> tuple[UnresolvedImport, ...]:
+        """The unresolved imports the diffusion stage reaches, bridged or not."""
+        stage = self.entrypoint(DIFFUSION_STAGE)
+        return stage.blocking if stage is not None else ()
+
     @property
     def worker_blocking_names(self) -> list[str]:
-        """Every missing target the worker module reaches, bridged or not."""
+        """Every missing target the diffusion stage reaches, bridged or not."""
         return sorted({u.target for u in self.worker_blocking})
+
+    def still_stopping(self, entrypoint_id: str) -> tuple[UnresolvedImport, ...]:
+        """What still stops the entrypoint once the bridges act, beyond what already stops the import."""
+        entrypoint = self.entrypoint(entrypoint_id)
+        stopped = set(self.still_blocking_names)
+        return tuple(u for u in (entrypoint.blocking if entrypoint is not None else ())
+                     if u.target not in stopped and not self.is_bridged_in_time(u.target))
 
     @property
     def still_worker_blocking(self) -> tuple[UnresolvedImport, ...]:
-        """What still stops the worker module once the bridges act, beyond what already stops the import."""
-        stopped = set(self.still_blocking_names)
-        return tuple(u for u in self.worker_blocking
-                     if u.target not in stopped and not (self.early and self.bridged_by(u.target)))
+        """What still stops the diffusion stage once the bridges act, beyond what already stops the import."""
+        return self.still_stopping(DIFFUSION_STAGE)
 
     @property
     def still_worker_blocking_names(self) -> list[str]:
@@ -136,7 +210,7 @@ class ImportDrift:
 
     @property
     def worker_ok(self) -> bool:
-        """False when the plugin imports but its worker module is bound to fail (unbridged names)."""
+        """False when the plugin imports but its diffusion stage is bound to fail (unbridged names)."""
         return not self.still_worker_blocking
 
     def with_bridges(self, provided: dict[str, str], early: bool) -> ImportDrift:
@@ -155,6 +229,7 @@ class ImportDrift:
             "plugin": self.plugin,
             "ok": self.ok,
             "import_ok": self.import_ok,
+            "starts": self.starts,
             "files": self.files,
             "checked": self.checked,
             "unknown": self.unknown,
@@ -165,6 +240,7 @@ class ImportDrift:
             "early": self.early,
             "unresolved": [u.to_dict() for u in self.unresolved],
             "blocking": [u.to_dict() for u in self.blocking],
+            "entrypoints": {s.id: s.to_dict() for s in self.statuses},
             "worker_module": self.worker_module,
             "worker_ok": self.worker_ok,
             "worker_blocking_names": self.worker_blocking_names,
@@ -677,13 +753,17 @@ def check_import_drift(plugin_tree: SourceTree, host_tree: SourceTree, plugin: s
                     elif answer == "no":
                         unresolved.append(UnresolvedImport(importer, line, module, name, "name not defined"))
     unresolved = [_name_missing_package(index, u) for u in unresolved]
-    stage = [module for module in WORKERS.get(plugin, ()) if module in modules]
-    worker_reached = set().union(*(_reached(module, modules, edges) for module in stage))
+    package_reach = _reached(plugin, modules, edges)
+    entrypoints = []
+    for entrypoint in entrypoints_of(plugin):
+        roots = tuple(root for root in entrypoint.roots if root in modules)
+        reach = set().union(*(_reached(root, modules, edges) for root in roots))
+        entrypoints.append(EntrypointDrift(entrypoint.id, entrypoint.label, roots,
+                                           tuple(u for u in unresolved if u.importer in reach)))
     return ImportDrift(plugin=plugin, files=len(files), checked=checked, unknown=unknown,
                        unresolved=tuple(unresolved),
-                       blocking=tuple(u for u in unresolved if u.importer in _reached(plugin, modules, edges)),
-                       worker_module=", ".join(stage) or None,
-                       worker_blocking=tuple(u for u in unresolved if u.importer in worker_reached))
+                       blocking=tuple(u for u in unresolved if u.importer in package_reach),
+                       entrypoints=tuple(entrypoints))
 
 
 def _reached(root: str, modules: dict, edges: dict) -> set[str]:
@@ -699,86 +779,7 @@ def _reached(root: str, modules: dict, edges: dict) -> set[str]:
 
 
 def detect_import_drift(plugin: str = "vllm_omni") -> ImportDrift | None:
-    """Import drift of the installed ``plugin`` against the installed vLLM; None when either is absent.
-    Reads files only: imports neither.
-
-    The result is cached on disk (``drift_cache_dir()``) under a key made of both distributions' ``RECORD``
-    files (path, size, mtime) and this module's own file: installing, upgrading or removing either package, or
-    upgrading vllm_compat, makes a new key. Without a ``RECORD`` (a tree that is not an installed distribution)
-    nothing is cached. A cache that cannot be read or written is ignored."""
-    plugin_tree, host_tree = tree_of(plugin), tree_of(HOST)
-    key = _cache_key(plugin_tree, plugin, host_tree)
-    cached = _read_cached(key)
-    if cached is not None:
-        return cached
-    drift = check_import_drift(plugin_tree, host_tree, plugin)
-    if key is not None and drift is not None:
-        _write_cached(key, drift)
-    return drift
-
-
-def drift_cache_dir():
-    """``$VLLM_COMPAT_CACHE_DIR``, else ``$XDG_CACHE_HOME/vllm-compat``, else ``~/.cache/vllm-compat``; ``drift/``."""
-    from pathlib import Path
-
-    base = os.environ.get("VLLM_COMPAT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm-compat")
-    return Path(base) / "drift"
-
-
-def _record_stat(tree: SourceTree, package: str) -> str | None:
-    """``path:size:mtime_ns`` of the RECORD of the distribution that installed ``package`` into ``tree``."""
-    prefix = package + "-"
-    try:
-        entries = os.listdir(tree.root)
-    except OSError:
-        return None
-    for name in sorted(entries):
-        if name.startswith(prefix) and name.endswith(".dist-info"):
-            record = os.path.join(tree.root, name, "RECORD")
-            try:
-                stat = os.stat(record)
-            except OSError:
-                return None
-            return f"{record}:{stat.st_size}:{stat.st_mtime_ns}"
-    return None
-
-
-def _cache_key(plugin_tree: SourceTree, plugin: str, host_tree: SourceTree) -> str | None:
-    import hashlib
-
-    parts = [_record_stat(plugin_tree, plugin), _record_stat(host_tree, HOST)]
-    if None in parts:
-        return None
-    own = os.stat(__file__)
-    parts.append(f"{__file__}:{own.st_size}:{own.st_mtime_ns}")
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
-
-
-def _read_cached(key: str | None) -> ImportDrift | None:
-    if key is None:
-        return None
-    import json
-
-    try:
-        data = json.loads((drift_cache_dir() / f"{key}.json").read_text())
-        lists = ("unresolved", "blocking", "worker_blocking")
-        return ImportDrift(**{k: v for k, v in data.items() if k not in (*lists, "bridged")},
-                           bridged=tuple(tuple(pair) for pair in data["bridged"]),
-                           **{k: tuple(UnresolvedImport(**u) for u in data[k]) for k in lists})
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-
-
-def _write_cached(key: str, drift: ImportDrift) -> None:
-    import json
-    import tempfile
-
-    directory = drift_cache_dir()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as handle:
-            json.dump(dataclasses.asdict(drift), handle)
-        os.replace(handle.name, directory / f"{key}.json")  # atomic: concurrent doctors never read half a file
-    except OSError:
-        pass
+    """Import drift of the installed ``plugin`` against the installed vLLM; None when either is absent. Reads
+    files only: imports neither. Computed on every call: the doctor keeps the installed pair's result in the one
+    on-disk cache of static facts (``StaticSite.installed_import_drift``, ``detect.fact_cache``)."""
+    return check_import_drift(tree_of(plugin), tree_of(HOST), plugin)

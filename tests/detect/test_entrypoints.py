@@ -1,0 +1,134 @@
+"""Entrypoints as data (vllm_compat.entrypoints): the static check follows each way vllm-omni is started, and the
+verdict, the doctor's / check's screens and --json name each one. Rules on a small vllm-omni-shaped tree the test
+writes; the real wheels are compared in tests/test_check.py and tests/test_matrix_consistency.py."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from vllm_compat.detect.import_drift import check_import_drift
+from vllm_compat.detect.source_tree import SourceTree
+from vllm_compat.detect.static import detect_static
+from vllm_compat.entrypoints import ENTRYPOINTS
+from vllm_compat.reporting import Report
+
+LAUNCHER = "vllm.entrypoints.launcher"
+GONE = "vllm.v1.gone.Gone"
+
+HOST = {
+    "vllm/__init__.py": "",
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/gone.py": "Kept = 1\n",
+    "vllm/entrypoints/__init__.py": "",
+}
+
+OMNI = {
+    "vllm_omni/__init__.py": "from vllm.v1.gone import Kept\n",
+    "vllm_omni/entrypoints/__init__.py": "",
+    "vllm_omni/entrypoints/omni.py": "from vllm_omni.entrypoints.utils import helper\n",
+    "vllm_omni/entrypoints/async_omni.py": "from .omni import helper\n",
+    "vllm_omni/entrypoints/utils.py": "from vllm.v1.gone import Kept\nhelper = Kept\n",
+    "vllm_omni/entrypoints/cli/__init__.py": "",
+    "vllm_omni/entrypoints/cli/main.py": "from vllm_omni.entrypoints.openai import api_server\n",
+    "vllm_omni/entrypoints/openai/__init__.py": "",
+    "vllm_omni/entrypoints/openai/api_server.py": "from vllm.entrypoints.launcher import serve_http\n",
+    "vllm_omni/diffusion/__init__.py": "",
+    "vllm_omni/diffusion/stage_diffusion_proc.py": "from vllm_omni.diffusion.diffusion_engine import Engine\n",
+    "vllm_omni/diffusion/diffusion_engine.py": "Engine = 1\n",
+    "vllm_omni/diffusion/worker/__init__.py": "",
+    "vllm_omni/diffusion/worker/diffusion_worker.py": "from vllm.v1.gone import Gone\n",
+}
+
+
+def _tree(root, files: dict[str, str]) -> SourceTree:
+    for relpath, text in files.items():
+        path = root / relpath
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return SourceTree(root)
+
+
+@pytest.fixture
+def drift(tmp_path):
+    return check_import_drift(_tree(tmp_path / "omni", OMNI), _tree(tmp_path / "host", HOST))
+
+
+def _report(drift, provided=None, early=True, monkeypatch=None):
+    if provided is not None:  # what the decided bridges provide ({target: entry id}), as if a bridge were decided
+        import vllm_compat.bridges
+
+        monkeypatch.setattr(vllm_compat.bridges, "provided_by_decisions", lambda decisions: provided)
+    return Report(mode="static", static=detect_static(), patches=[], _import_drift=drift, startup_hook=early)
+
+
+def test_the_table_names_vllm_omnis_three_ways_in():
+    ids = [e.id for e in ENTRYPOINTS["vllm_omni"]]
+    assert ids == ["offline", "serve", "diffusion_stage"]
+    serve = ENTRYPOINTS["vllm_omni"][1]
+    assert serve.roots == ("vllm_omni.entrypoints.cli.main", "vllm_omni.entrypoints.openai.api_server")
+
+
+def test_each_entrypoint_is_followed_from_its_own_roots(drift):
+    assert drift.import_ok  # the package itself reaches only what vLLM has
+    statuses = {s.id: s for s in drift.statuses}
+    assert statuses["offline"].status == "works"  # through utils: Kept exists
+    assert statuses["serve"].status == "will_not_start" and statuses["serve"].missing == (LAUNCHER,)
+    assert statuses["diffusion_stage"].status == "will_not_start" and statuses["diffusion_stage"].missing == (GONE,)
+    assert not drift.starts
+    # The older names of the diffusion stage still describe it.
+    assert drift.worker_blocking_names == [GONE] and not drift.worker_ok
+    assert drift.worker_module.split(", ") == list(ENTRYPOINTS["vllm_omni"][2].roots)
+
+
+def test_verdict_names_what_will_not_start_and_what_starts(drift):
+    report = _report(drift)
+    verdict = report.verdict()
+    assert verdict.kind == "will_not_start" and verdict.exit_code == 1
+    stop, _, start = verdict.text.partition(". ")
+    assert "`vllm serve --omni`" in stop and LAUNCHER in stop and "the diffusion stage" in stop and GONE in stop
+    assert "offline API" in start and "serve" not in start  # what starts is named after what does not
+    data = report.to_dict()["import_drift"]["entrypoints"]
+    assert data["serve"] == {"label": "`vllm serve --omni`", "status": "will_not_start", "missing": [LAUNCHER],
+                             "bridged": [], "roots": list(ENTRYPOINTS["vllm_omni"][1].roots)}
+    assert data["offline"]["status"] == "works"
+    table = report.render_table()
+    assert "`vllm serve --omni`" in table and "WILL NOT START" in table
+
+
+def test_a_bridge_counts_only_when_it_is_in_place_before_the_entrypoint(drift, monkeypatch):
+    provided = {LAUNCHER: "launcher", GONE: "gone"}
+    late = {s.id: s.status for s in drift.with_bridges(provided, early=False).statuses}
+    assert late == {"offline": "works", "serve": "will_not_start", "diffusion_stage": "will_not_start"}
+    bridged = drift.with_bridges(provided, early=True)
+    assert {s.id: s.status for s in bridged.statuses} == {
+        "offline": "works", "serve": "works_with_vllm_compat", "diffusion_stage": "works_with_vllm_compat"}
+    assert bridged.starts
+    verdict = _report(drift, provided, monkeypatch=monkeypatch).verdict()
+    assert verdict.kind == "works_with_vllm_compat" and verdict.exit_code == 0
+    assert "`vllm serve --omni`" in verdict.text and "offline API" in verdict.text
+
+
+def test_works_only_when_every_entrypoint_starts(drift, monkeypatch):
+    only_serve = drift.with_bridges({LAUNCHER: "launcher"}, early=True)
+    assert [s.id for s in only_serve.statuses if not s.starts] == ["diffusion_stage"]
+    assert _report(drift, {LAUNCHER: "launcher"}, monkeypatch=monkeypatch).verdict().kind == "will_not_start"
+
+
+def test_an_entrypoint_a_release_does_not_ship_is_absent_not_judged(tmp_path):
+    files = {k: v for k, v in OMNI.items() if "/entrypoints/" not in k or k.endswith("omni.py") or
+             k.endswith("utils.py") or k.endswith("entrypoints/__init__.py")}
+    files["vllm_omni/diffusion/worker/diffusion_worker.py"] = "from vllm.v1.gone import Kept\n"
+    drift = check_import_drift(_tree(tmp_path / "omni", files), _tree(tmp_path / "host", HOST))
+    statuses = {s.id: s for s in drift.statuses}
+    assert statuses["serve"].status == "absent" and statuses["serve"].roots == ()
+    assert drift.starts and _report(drift).verdict().kind == "works_natively"
+
+
+def test_a_package_that_does_not_import_stops_every_entrypoint(tmp_path):
+    files = {**OMNI, "vllm_omni/__init__.py": "from vllm.v1.gone import Gone\n"}
+    drift = check_import_drift(_tree(tmp_path / "omni", files), _tree(tmp_path / "host", HOST))
+    assert not drift.import_ok
+    assert all(s.status == "will_not_start" and GONE in s.missing for s in drift.statuses)
+    assert "vllm-omni will not import" in _report(drift).verdict().text

@@ -1,0 +1,52 @@
+"""The ways a plugin is started, as data: what the static check follows and the verdict names one by one.
+
+Each entrypoint is a name users know and the modules whose import is what starting that way runs (its roots).
+The import-drift check (``detect.import_drift``) follows every root through its module-level imports; an
+entrypoint starts only when no root reaches a vLLM name that is missing and unbridged. A root a release does not
+ship is left out; an entrypoint with none of its roots in the tree is "absent" for that release (not judged).
+
+vllm-omni (roots read from its 0.22.0-0.30.0 wheels, where all of them exist):
+
+* ``offline``: the offline API, ``from vllm_omni import Omni`` / ``AsyncOmni`` (vllm-omni's ``__getattr__`` imports
+  ``vllm_omni.entrypoints.omni`` / ``async_omni`` on first use);
+* ``serve``: the OpenAI-compatible server, ``vllm serve <model> --omni``: vllm-omni's ``vllm`` console script
+  (``vllm_omni.entrypoints.cli.main``) and the API server module it runs (``vllm_omni.entrypoints.openai.api_server``);
+* ``diffusion_stage``: what a diffusion stage process imports beyond the package: the stage process, its engine
+  (vllm-omni 0.30.0's diffusion KV-cache setup is reached from the engine, not from the worker) and the worker.
+
+This module imports nothing: it is read by detection, reporting and the matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Entrypoint:
+    """One way a plugin is started: ``id`` (the key in ``--json`` and the matrix), ``label`` (what the verdict
+    calls it) and ``roots`` (the modules that starting it imports)."""
+
+    id: str
+    label: str
+    roots: tuple[str, ...]
+
+
+ENTRYPOINTS: dict[str, tuple[Entrypoint, ...]] = {
+    "vllm_omni": (
+        Entrypoint("offline", "the offline API (Omni / AsyncOmni)",
+                   ("vllm_omni.entrypoints.omni", "vllm_omni.entrypoints.async_omni")),
+        Entrypoint("serve", "`vllm serve --omni`",
+                   ("vllm_omni.entrypoints.cli.main", "vllm_omni.entrypoints.openai.api_server")),
+        Entrypoint("diffusion_stage", "the diffusion stage",
+                   ("vllm_omni.diffusion.stage_diffusion_proc", "vllm_omni.diffusion.diffusion_engine",
+                    "vllm_omni.diffusion.worker.diffusion_worker")),
+    ),
+}
+
+DIFFUSION_STAGE = "diffusion_stage"  # the entrypoint the older ``worker_*`` fields of the import drift describe
+
+
+def entrypoints_of(plugin: str) -> tuple[Entrypoint, ...]:
+    """The entrypoints of ``plugin`` (a top-level package); none for a package the table does not know."""
+    return ENTRYPOINTS.get(plugin, ())
