@@ -4,7 +4,7 @@
     nox -s "cell(ID)"     one matrix cell, any release (`nox -l` lists every cell id)
     nox -s rotation       CI's rotating share of the other cells (VLLM_COMPAT_ROTATION a run, by commit count)
     nox -s matrix         every cell, one after another, ending with a table (also in matrix/last-run.md)
-    nox -s refresh        recompute matrix/vllm.toml's expectations from the real wheels (static scan)
+    nox -s refresh        add cells for new vLLM releases on the index, re-measure every cell's expectations
     nox -s native         record each vllm-omni's diffusion path on its own vLLM (matrix/native/, checked in)
     nox -s lint           ruff
     nox -s bench          benchmarks (bench/run.py), off by default
@@ -47,9 +47,10 @@ TEST_WORKERS = ["-n", os.environ.get("VLLM_COMPAT_TEST_WORKERS", "auto"), "--dis
 
 def _override_args(session: nox.Session, cell: dict) -> list[str]:
     """uv's --override file: the CPU torch (unless VLLM_COMPAT_TORCH=pinned) and the cell's own ``overrides``
-    (resolver conflicts between a vLLM and a vllm-omni, each with its reason in matrix/vllm.toml)."""
+    (resolver conflicts between a vLLM and a vllm-omni) and ``index_overrides`` (what this machine's index lacks),
+    each with its reason in matrix/vllm.toml."""
     torch = os.environ.get("VLLM_COMPAT_TORCH", "2.13.0")
-    lines = list(cell.get("overrides", []))
+    lines = list(cell.get("overrides", [])) + [o["line"] for o in cell.get("index_overrides", [])]
     args = []
     if torch != "pinned":
         lines.append(f"torch=={torch}")
@@ -303,7 +304,8 @@ def native(session: nox.Session, cell: dict) -> None:
 
 @nox.session
 def refresh(session: nox.Session) -> None:
-    """Recompute matrix/vllm.toml's expectations from downloaded release wheels (posargs: --write, cell ids)."""
+    """New vLLM releases on the index -> their cells and drift; then every cell's expectations re-measured from the
+    release wheels (posargs: --write, --no-intake, cell ids; docs/new-vllm-release.md)."""
     session.install("pip", "-e", ".")
     session.run("python", "matrix/refresh.py", *session.posargs)
 

@@ -1,16 +1,29 @@
-"""Recompute matrix/vllm.toml's expectations from the real release wheels (``nox -s refresh``).
+"""Keep matrix/vllm.toml in step with the index (``nox -s refresh``): a new vLLM release, then every cell re-measured.
 
-For every cell: ``pip download --no-deps`` the vLLM and vllm-omni wheels, scan them statically (capability
-level, loader kind, the decision, import drift of vllm-omni against that vLLM), and compare with the cell's
-``expect`` and ``unresolved``. Nothing is installed or imported. vLLM wheels are ~300 MB: one is on disk at a
-time (deleted after its cells are scanned); measured results are cached in ``--cache`` (JSON) per wheel pair.
+1. Intake: the vLLM releases on the index (``pip index versions vllm``) newer than the newest in the matrix, the
+   latest patch of each new minor, get one ``[[cell]]`` block per vllm-omni column (every ``vllm_omni`` of the
+   matrix), appended to the file with expectations measured from the wheels (below), the override lines
+   ``vllm-compat check`` names for the pair's resolver conflicts, and the new drift printed per column: the vLLM
+   names the column imports that no longer resolve on the new release and did on the previous newest, each one
+   "moved" (a same-named definition is elsewhere in the new tree: ``matrix/aliases.py`` matches it by source),
+   "removed" (it is nowhere), and whether a drift point already bridges it; and the names that resolve again.
+   A newer patch of a minor already in the matrix, or a newer vllm-omni than the newest column, is only named
+   (a patch bump is one edited ``vllm =`` line per cell; a new column needs its native cell and record).
+2. Re-measure: for every cell, ``pip download --no-deps`` the vLLM and vllm-omni wheels, scan them statically
+   (capability level, loader kind, the decision, import drift of vllm-omni against that vLLM), and compare with
+   the cell's ``expect``, ``unresolved`` and ``worker_unresolved``. Nothing is installed or imported. vLLM wheels
+   are ~300 MB: one is on disk at a time (deleted after its cells are scanned); measured results are cached in
+   ``--cache`` (JSON) per wheel pair.
 
-    python matrix/refresh.py [--write] [--cache PATH] [--download-dir DIR] [--no-aliases] [CELL_ID ...]
+    python matrix/refresh.py [--write] [--no-intake] [--matrix PATH] [--cache PATH] [--download-dir DIR]
+                             [--no-aliases] [CELL_ID ...]
 
 Without cell ids it also re-checks the generated alias table (``matrix/aliases.py --check``: regenerated from the
 wheels, a diff printed when the checked-in ``vllm_compat/bridges/_alias_table.py`` is stale; ``--write`` rewrites
 it). Exit status: 0 when every scanned cell matches and the table is current (or ``--write`` rewrote them), 1 when a
-cell or the table differs, 2 when a download failed.
+cell or the table differs, 2 when a download failed. New cells are written whether or not ``--write`` is given
+(that is the intake; ``git diff matrix/vllm.toml`` is the review); ``--no-intake`` skips the index look-up.
+Steps and timings of an intake: docs/new-vllm-release.md.
 """
 
 from __future__ import annotations
@@ -35,14 +48,19 @@ ANALYSIS_DIGEST = hashlib.sha256(b"".join(
 )).hexdigest()[:12]
 
 
+def _pip() -> list[str]:
+    pip = [sys.executable, "-m", "pip"]
+    if subprocess.run([*pip, "--version"], capture_output=True).returncode != 0:
+        pip = [shutil.which("pip") or "pip"]  # a uv-made venv has no pip of its own
+    return pip
+
+
 def download(distribution: str, version: str, into: Path) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     found = list(into.glob(f"{distribution.replace('-', '_')}-{version}-*.whl"))
     if found:
         return found[0]
-    pip = [sys.executable, "-m", "pip"]
-    if subprocess.run([*pip, "--version"], capture_output=True).returncode != 0:
-        pip = [shutil.which("pip") or "pip"]  # a uv-made venv has no pip of its own
+    pip = _pip()
     subprocess.run([*pip, "download", "-q", "--no-deps", "--only-binary", ":all:",
                     f"{distribution}=={version}", "-d", str(into)], check=True)
     return next(into.glob(f"{distribution.replace('-', '_')}-{version}-*.whl"))
@@ -97,6 +115,285 @@ def rewrite(text: str, cell_id: str, measured: dict) -> str:
     return text[: block.start()] + body + text[block.end():]
 
 
+# ------------------------------------------------------------------------------------------------ intake
+# A new vLLM release: which releases, the cells to add, the drift they bring. The pure parts (version lists,
+# block text, the drift between two checks, moved or removed) take their inputs as arguments and are tested in
+# tests/matrix/test_refresh.py; the rest fetches wheels and runs `vllm-compat check`.
+
+
+def parse_index_versions(text: str) -> list[str]:
+    """The versions in ``pip index versions NAME``'s output (its ``Available versions: a, b, ...`` line), as
+    listed; [] when the line is missing."""
+    found = re.search(r"^Available versions:\s*(.+)$", text, flags=re.M)
+    return [v.strip() for v in found.group(1).split(",") if v.strip()] if found else []
+
+
+def index_versions(distribution: str) -> list[str]:
+    """Every version of ``distribution`` on the index pip is configured for (PyPI, or this machine's mirror)."""
+    result = subprocess.run([*_pip(), "index", "versions", distribution], capture_output=True, text=True,
+                            check=True)
+    return parse_index_versions(result.stdout)
+
+
+def _final(versions) -> list:
+    """The valid final releases (post releases count) among ``versions``, as ``Version``s."""
+    from packaging.version import InvalidVersion, Version
+
+    out = []
+    for text in versions:
+        try:
+            version = Version(text)
+        except InvalidVersion:
+            continue
+        if not (version.is_prerelease or version.is_devrelease):
+            out.append(version)
+    return out
+
+
+def _minor(version) -> tuple[int, int]:
+    from packaging.version import Version
+
+    release = Version(str(version)).release
+    return (release[0], release[1] if len(release) > 1 else 0)
+
+
+def newer_releases(available, known) -> list[str]:
+    """The releases to add: for each minor newer than the newest minor in ``known``, the latest final release of
+    it in ``available`` (the matrix keeps one row per minor, its latest patch); oldest first. Pre-releases and
+    dev builds are never added."""
+    newest = max(_minor(v) for v in known)
+    latest: dict = {}
+    for version in _final(available):
+        if _minor(version) > newest and version > latest.get(_minor(version), version.__class__("0")):
+            latest[_minor(version)] = version
+    return [str(v) for v in sorted(latest.values())]
+
+
+def newer_patches(available, known) -> list[tuple[str, str]]:
+    """``(in the matrix, on the index)`` for each minor of ``known`` whose latest final release on the index is
+    newer than the matrix's (a patch bump: named, not written)."""
+    from packaging.version import Version
+
+    ours: dict = {}
+    for version in _final(known):
+        ours[_minor(version)] = max(ours.get(_minor(version), version), version)
+    theirs: dict = {}
+    for version in _final(available):
+        if _minor(version) in ours:
+            theirs[_minor(version)] = max(theirs.get(_minor(version), version), version)
+    return [(str(ours[m]), str(theirs[m])) for m in sorted(ours) if m in theirs and theirs[m] > ours[m]
+            and ours[m] != Version("0")]
+
+
+def omni_columns(cells: list[dict]) -> list[str]:
+    """The vllm-omni releases the matrix has columns for, oldest first."""
+    from packaging.version import Version
+
+    return sorted({c["vllm_omni"] for c in cells if c.get("vllm_omni")}, key=Version)
+
+
+def cell_id(vllm: str, omni: str | None) -> str:
+    """``v0.34-omni0.30``: the matrix's short id (minors only)."""
+    major, minor = _minor(vllm)
+    if not omni:
+        return f"v{major}.{minor}"
+    omni_major, omni_minor = _minor(omni)
+    return f"v{major}.{minor}-omni{omni_major}.{omni_minor}"
+
+
+def render_cell(vllm: str, omni: str | None, measured: dict, *, why: str, overrides=(),
+                bridged: dict | None = None) -> str:
+    """One ``[[cell]]`` block of matrix/vllm.toml, in the file's layout: ``overrides`` as ``(line, reason)``
+    pairs (a reason becomes the line's comment), ``measured`` as :func:`measure` returns it, ``bridged`` the
+    drift point id of each bridged name (the block's ``bridged`` lists those among ``unresolved``, as
+    tests/test_matrix_consistency.py reads it; the comment names every bridge, worker names too)."""
+    lines = ["[[cell]]", f'id = "{cell_id(vllm, omni)}"', f'vllm = "{vllm}"']
+    if omni:
+        lines.append(f'vllm_omni = "{omni}"')
+    lines.append(f"why = {json.dumps(why)}")
+    if overrides:
+        lines.append("overrides = [")
+        lines += [f"  {json.dumps(line)},  # {reason}" if reason else f"  {json.dumps(line)},"
+                  for line, reason in overrides]
+        lines.append("]")
+    lines.append(f"expect = {_toml_expect(measured['expect'])}")
+    for key in ("unresolved", "worker_unresolved"):
+        if key in measured:
+            lines.append(f"{key} = {json.dumps(measured[key])}")
+    bridged = bridged or {}
+    if "unresolved" in measured and bridged:
+        names = sorted(n for n in measured["unresolved"] if n in bridged)
+        by = "; ".join(f"{n.rsplit('.', 1)[-1]} by {bridged[n]}" for n in sorted(bridged))
+        lines.append(f"bridged = {json.dumps(names)}  # {by}")
+    return "\n".join(lines) + "\n"
+
+
+def append_cells(text: str, vllm: str, blocks: list[str]) -> str:
+    """``text`` (matrix/vllm.toml) with a section for ``vllm``'s new cells at the end."""
+    header = f"# ---- vLLM {vllm} x every vllm-omni column: added by `nox -s refresh` (docs/new-vllm-release.md) ----"
+    return text.rstrip("\n") + "\n\n" + header + "\n\n" + "\n".join(blocks)
+
+
+_DEFINITION = re.compile(r"^(?:async\s+def|def|class)\s+([A-Za-z_]\w*)|^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=", re.M)
+
+
+def definition_index(sources) -> tuple[dict, dict]:
+    """From ``(path inside the tree, source text)`` pairs: module-level names -> the modules defining them, and
+    module basenames -> the modules of that name (``vllm/v1/worker/block_table.py`` -> ``block_table``)."""
+    names: dict[str, set[str]] = {}
+    modules: dict[str, set[str]] = {}
+    for path, text in sources:
+        module = path[: -len(".py")].replace("/", ".")
+        if module.endswith(".__init__"):
+            module = module[: -len(".__init__")]
+        modules.setdefault(module.rsplit(".", 1)[-1], set()).add(module)
+        for found in _DEFINITION.finditer(text):
+            names.setdefault(found.group(1) or found.group(2), set()).add(module)
+    return names, modules
+
+
+def wheel_sources(wheel: Path, package: str = "vllm"):
+    """``(path, text)`` of every ``.py`` file of ``package`` in a wheel."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        for path in archive.namelist():
+            if path.startswith(f"{package}/") and path.endswith(".py"):
+                yield path, archive.read(path).decode("utf-8", "replace")
+
+
+def moved_or_removed(target: str, reason: str, index: tuple[dict, dict]) -> str:
+    """``moved? (same name in a, b)`` when the new tree defines the name (or has a module of that name) elsewhere,
+    ``removed`` when it does not: a name match only; matrix/aliases.py decides a move by the definition's source."""
+    names, modules = index
+    parent, _, last = target.rpartition(".")
+    if "module" in reason:
+        where = [m for m in modules.get(last, ()) if m != target]
+    else:
+        where = [m for m in names.get(last, ()) if m != parent]
+
+    def shared(module: str) -> int:  # leading package names in common with the old home: the likelier move first
+        pairs = zip(module.split("."), parent.split("."), strict=False)
+        return next((i for i, (a, b) in enumerate(pairs) if a != b), min(module.count("."), parent.count(".")) + 1)
+
+    where = sorted(where, key=lambda m: (-shared(m), m))
+    if not where:
+        return "removed"
+    return f"moved? (same name in {', '.join(where[:3])}{', ...' if len(where) > 3 else ''})"
+
+
+def new_drift(before: dict | None, after: dict) -> dict:
+    """What a new vLLM changed for one vllm-omni, from two ``vllm-compat check --json`` ``import_drift`` dicts
+    (the previous newest vLLM's, the new one's): ``added`` names (no longer resolving), each with the
+    entrypoints that reach it, the bridge that provides it (or None) and its reason; ``gone`` names (resolving
+    again)."""
+    old = set(before["names"]) if before else set()
+    reasons = {u["target"]: u["reason"] for u in after.get("unresolved", [])}
+    entrypoints = after.get("entrypoints") or {}
+    added = []
+    for name in sorted(set(after["names"]) - old):
+        reach = [key for key, e in entrypoints.items() if name in e.get("missing", []) or name in e.get("bridged", [])]
+        added.append({"name": name, "bridged_by": (after.get("bridged") or {}).get(name), "entrypoints": reach,
+                      "reason": reasons.get(name, "")})
+    return {"added": added, "gone": sorted(old - set(after["names"]))}
+
+
+def check_json(vllm_wheel: Path, omni_wheel: Path) -> dict:
+    """``vllm-compat check VLLM_WHEEL OMNI_WHEEL --json`` (static: the two files), as data."""
+    result = subprocess.run([sys.executable, "-m", "vllm_compat", "check", str(vllm_wheel), str(omni_wheel),
+                             "--json"], capture_output=True, text=True, cwd=ROOT)
+    if result.returncode not in (0, 1):
+        raise RuntimeError(f"vllm-compat check {vllm_wheel.name} {omni_wheel.name} failed "
+                           f"(exit {result.returncode}): {result.stderr[-2000:]}")
+    return json.loads(result.stdout)
+
+
+def check_overrides(check: dict) -> list[tuple[str, str]]:
+    """The override lines ``check`` names for the pair's resolver conflicts, with their reasons (the
+    dependency-drift part of ``check --json``; [] when this check has none)."""
+    drift = check.get("dependency_drift") or {}
+    return [(c["override"], f"{c.get('text', '')}: {c.get('resolution', '')}".strip(": "))
+            for c in drift.get("conflicts", []) if c.get("override")]
+
+
+def _entrypoint_summary(check: dict) -> str:
+    entrypoints = (check.get("import_drift") or {}).get("entrypoints") or {}
+    return ", ".join(f"{key} {e['status']}" for key, e in entrypoints.items()) or "-"
+
+
+def print_drift(vllm: str, previous: str, omni: str, drift: dict, check: dict, index) -> None:
+    verdict = check.get("verdict", {}).get("kind", "?")
+    print(f"\nvllm-omni {omni} on vLLM {vllm} (against {previous}): {verdict}; {_entrypoint_summary(check)}")
+    if not drift["added"]:
+        print(f"  nothing new: every name it imports resolves as on {previous}")
+    for row in drift["added"]:
+        kind = moved_or_removed(row["name"], row["reason"], index)
+        bridge = f"bridged by {row['bridged_by']}" if row["bridged_by"] else "NOT BRIDGED"
+        reach = ", ".join(row["entrypoints"]) or "none"
+        print(f"  new: {row['name']}  {kind}; {bridge}; entrypoints reaching it: {reach}")
+    for name in drift["gone"]:
+        print(f"  resolves again: {name}")
+    for line, reason in check_overrides(check):
+        print(f"  override: {line}  ({reason})")
+
+
+def intake(matrix: Path, workdir: Path, cache: dict, cache_path: Path, available: list[str] | None = None,
+           ) -> list[str]:
+    """Add the cells of the vLLM releases newer than ``matrix``'s newest (``available``: the index's versions,
+    looked up when None), print their drift per vllm-omni column; returns the new cell ids."""
+    from packaging.version import Version
+
+    cells = tomllib.loads(matrix.read_text())["cell"]
+    known = [c["vllm"] for c in cells]
+    available = index_versions("vllm") if available is None else available
+    for ours, theirs in newer_patches(available, known):
+        print(f"intake: vLLM {theirs} is a newer patch of {ours} (in the matrix): bump those cells' vllm = by hand")
+    columns = omni_columns(cells)
+    try:
+        newer_omni = [str(v) for v in _final(index_versions("vllm-omni")) if v > Version(columns[-1])]
+    except (subprocess.CalledProcessError, IndexError):
+        newer_omni = []
+    if newer_omni:
+        print(f"intake: vllm-omni {', '.join(newer_omni)} is newer than the newest column ({columns[-1]}): a new "
+              "column needs its native cell and record (docs/new-vllm-release.md)")
+    releases = newer_releases(available, known)
+    previous = str(max(_final(known)))
+    if not releases:
+        print(f"intake: no vLLM on the index newer than {previous} (the newest in {matrix.name})")
+        return []
+    added = []
+    omni_dir = workdir / "vllm-omni"
+    for vllm in releases:
+        print(f"intake: vLLM {vllm} is new: {len(columns)} cells, one per vllm-omni column ({', '.join(columns)})")
+        new_dir, old_dir = workdir / f"vllm-{vllm}", workdir / f"vllm-{previous}"
+        try:
+            vllm_wheel, previous_wheel = download("vllm", vllm, new_dir), download("vllm", previous, old_dir)
+            index = definition_index(wheel_sources(vllm_wheel))
+            blocks = []
+            for omni in columns:
+                omni_wheel = download("vllm-omni", omni, omni_dir)
+                key = f"{vllm}+{omni}+{ANALYSIS_DIGEST}"
+                if key not in cache:
+                    cache[key] = measure(vllm_wheel, omni_wheel, vllm, omni)
+                    cache_path.parent.mkdir(parents=True, exist_ok=True)
+                    cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True))
+                after, before = check_json(vllm_wheel, omni_wheel), check_json(previous_wheel, omni_wheel)
+                drift = new_drift(before.get("import_drift"), after["import_drift"])
+                print_drift(vllm, previous, omni, drift, after, index)
+                why = (f"vllm-omni {omni} on vLLM {vllm}, added by nox -s refresh: check says "
+                       f"{after['verdict']['kind']} ({_entrypoint_summary(after)})")
+                blocks.append(render_cell(vllm, omni, cache[key], why=why, overrides=check_overrides(after),
+                                          bridged=after["import_drift"].get("bridged")))
+                added.append(cell_id(vllm, omni))
+            matrix.write_text(append_cells(matrix.read_text(), vllm, blocks))
+        finally:
+            shutil.rmtree(new_dir, ignore_errors=True)
+            shutil.rmtree(old_dir, ignore_errors=True)
+        previous = vllm
+    print(f"\nintake: added {', '.join(added)} to {matrix} (review: git diff {matrix.relative_to(ROOT) if matrix.is_relative_to(ROOT) else matrix})")
+    return added
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cells", nargs="*", help="cell ids (default: all)")
@@ -104,15 +401,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=ROOT / ".nox" / "refresh-cache.json")
     parser.add_argument("--download-dir", type=Path, default=None)
     parser.add_argument("--no-aliases", action="store_true", help="skip re-checking vllm_compat/bridges/_alias_table.py")
+    parser.add_argument("--no-intake", action="store_true", help="do not look for newer vLLM releases on the index")
+    parser.add_argument("--matrix", type=Path, default=MATRIX, help="the matrix file (default: matrix/vllm.toml)")
     args = parser.parse_args(argv)
 
-    cells = tomllib.loads(MATRIX.read_text())["cell"]
-    if args.cells:
-        cells = [c for c in cells if c["id"] in args.cells]
     cache = json.loads(args.cache.read_text()) if args.cache.exists() else {}
     workdir = args.download_dir or Path(tempfile.mkdtemp(prefix="vllm-compat-refresh-"))
     omni_dir = workdir / "vllm-omni"
     status, rows = 0, []
+    if not args.cells and not args.no_intake:
+        try:
+            intake(args.matrix, workdir, cache, args.cache)
+        except subprocess.CalledProcessError as exc:
+            print(f"refresh: the intake could not reach the index or fetch a wheel: {exc}", file=sys.stderr)
+            status = 2
+    cells = tomllib.loads(args.matrix.read_text())["cell"]
+    if args.cells:
+        cells = [c for c in cells if c["id"] in args.cells]
     try:
         by_vllm: dict[str, list[dict]] = {}
         for cell in cells:
@@ -135,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
                         for key in ("unresolved", "worker_unresolved"))
                     rows.append((cell["id"], measured, same))
                     if not same and args.write:
-                        MATRIX.write_text(rewrite(MATRIX.read_text(), cell["id"], measured))
+                        args.matrix.write_text(rewrite(args.matrix.read_text(), cell["id"], measured))
                     elif not same:
                         status = 1
             except subprocess.CalledProcessError as exc:
