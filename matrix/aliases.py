@@ -40,7 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vllm_compat.detect.definitions import Definitions, module_of, normalized_source, source_key  # noqa: E402
-from vllm_compat.detect.import_drift import _reached, _walk_py, check_import_drift, plugin_imports  # noqa: E402
+from vllm_compat.detect.import_drift import check_import_drift  # noqa: E402
+from vllm_compat.detect.import_graph import reached as _reached  # noqa: E402
+from vllm_compat.detect.source_scan import plugin_imports  # noqa: E402
 from vllm_compat.detect.static import SourceTree  # noqa: E402
 
 TABLE = ROOT / "vllm_compat" / "bridges" / "_alias_table.py"
@@ -93,7 +95,7 @@ def tree_index(whl: Path, cache: Path) -> dict:
     renamed: dict = {}
     names: dict = {}
     shapes: dict = {}
-    for relpath in _walk_py(tree, "vllm"):
+    for relpath in tree.walk_py("vllm"):
         module = module_of(relpath)
         for name, node in defs.top_level(relpath):
             key = source_key(node)
@@ -235,7 +237,7 @@ class Matcher:
 
 def omni_graph(tree: SourceTree) -> tuple[dict, dict]:
     """vllm-omni's modules and their module-level imports of each other (as ``import_drift`` follows them)."""
-    files = _walk_py(tree, "vllm_omni")
+    files = tree.walk_py("vllm_omni")
     modules = {module_of(f): f for f in files}
     edges: dict = {}
     for importer, relpath in modules.items():
@@ -271,7 +273,7 @@ _IMPORTS: dict = {}
 def _vllm_imports(tree: SourceTree) -> list[tuple[str, str, list[str]]]:
     """``(file, module, names)`` of every ``from vllm... import`` in vllm-omni outside TYPE_CHECKING (read once)."""
     if id(tree) not in _IMPORTS:
-        _IMPORTS[id(tree)] = [(relpath, imported, names) for relpath in _walk_py(tree, "vllm_omni")
+        _IMPORTS[id(tree)] = [(relpath, imported, names) for relpath in tree.walk_py("vllm_omni")
                               for _, level, imported, names, context in plugin_imports(tree, relpath, "vllm_omni")
                               if context != "type_checking" and level == 0 and imported]
     return _IMPORTS[id(tree)]
@@ -349,9 +351,10 @@ def measure(wheel_dir: Path | None, cache: Path) -> tuple[list[dict], dict]:
 
 def _code_key() -> str:
     """What a cached cell depends on besides the wheels: this script, the definitions and drift detectors."""
-    from vllm_compat.detect import definitions, import_drift
+    from vllm_compat.detect import definitions, host_index, import_drift, import_graph, source_scan
 
-    parts = [Path(__file__).read_bytes(), Path(definitions.__file__).read_bytes(), Path(import_drift.__file__).read_bytes()]
+    parts = [Path(__file__).read_bytes()] + [Path(m.__file__).read_bytes()
+                                             for m in (definitions, import_drift, import_graph, source_scan, host_index)]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:12]
 
 

@@ -323,3 +323,84 @@ def test_installed_drift_is_kept_in_the_one_fact_cache(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(drift_module, "detect_import_drift", lambda *a, **k: calls.append(1) or fresh)
     assert StaticSite.installed().installed_import_drift() == fresh and calls == []
+
+
+# ------------------------------------------------------------------- guards and else branches, one rule each
+
+GUARDS = {
+    "plug/__init__.py": """
+        try:
+            from vllm.v1.outputs import ByException
+        except Exception:
+            ByException = None
+        try:
+            from vllm.v1.outputs import ByBaseException
+        except BaseException:
+            pass
+        try:
+            from vllm.v1.outputs import ByBare
+        except:  # noqa: E722
+            pass
+        try:
+            from vllm.v1.outputs import ByTuple
+        except (ValueError, ModuleNotFoundError):
+            pass
+        try:
+            from vllm.v1.outputs import NotCaught
+        except ValueError:
+            pass
+        try:
+            from vllm.v1.outputs import ReRaised
+        except ModuleNotFoundError as exc:
+            if exc.name != "vllm":
+                raise
+        try:
+            from vllm.v1.outputs import ReRaisedOnOneLine
+        except ImportError: raise
+        try:
+            import json
+        except ImportError:
+            pass
+        else:
+            from vllm.v1.outputs import InTryElse
+        from typing import TYPE_CHECKING
+        if TYPE_CHECKING:
+            from vllm.v1.outputs import TypesOnly
+        else:
+            from vllm.v1.outputs import InTypeCheckingElse
+        if json:
+            pass
+        else:
+            from vllm.v1.outputs import InIfElse
+        """,
+}
+
+
+def test_which_handlers_guard_an_import_and_which_else_branches_run(tmp_path):
+    """An import in a ``try`` whose handler catches ImportError or a parent (``Exception``, ``BaseException``, bare)
+    without raising is optional; one whose handlers do not catch it, or re-raise, runs unguarded; every ``else:``
+    branch runs (of a try, of ``if TYPE_CHECKING``, of a plain ``if``). Each name below is one rule: a mutant
+    of any one changes the set."""
+    host = _tree(tmp_path / "host", HOST)
+    drift = check_import_drift(_tree(tmp_path / "plugin", GUARDS), host, plugin="plug")
+    assert drift.blocking_names == sorted(f"vllm.v1.outputs.{name}" for name in (
+        "NotCaught", "ReRaised", "ReRaisedOnOneLine", "InTryElse", "InTypeCheckingElse", "InIfElse"))
+
+
+def test_guards_on_the_real_vllm_omni_package_import(tmp_path):
+    """vllm-omni's own ``__init__`` imports ``from . import patch`` under ``except ModuleNotFoundError`` whose body
+    re-raises unless vLLM itself is missing: the patch module runs, so it is followed (the scan reads the real wheel's
+    ``__init__`` when one is cached here)."""
+    import glob
+    import os
+
+    from vllm_compat.detect.source_scan import plugin_imports
+    from vllm_compat.detect.wheels import cache_dir
+
+    wheels = sorted(glob.glob(os.path.join(cache_dir(), "vllm_omni-0.24.0-*.whl")))
+    if not wheels:
+        pytest.skip("no vllm-omni 0.24.0 wheel in the check's wheel cache (vllm-compat check fetches it)")
+    contexts = {(module, tuple(names)): context
+                for _, _, module, names, context in plugin_imports(SourceTree(Path(wheels[0])), "vllm_omni/__init__.py",
+                                                                   "vllm_omni")}
+    assert contexts[(None, ("patch",))] == "module"

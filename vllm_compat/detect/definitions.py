@@ -112,7 +112,7 @@ class Definitions:
     """The definitions of one tree (a wheel, an unpacked tree or a site-packages), parsed on demand."""
 
     def __init__(self, tree: SourceTree):
-        from .import_drift import host_index
+        from .host_index import host_index
 
         self.tree = tree
         self.index = host_index(tree)

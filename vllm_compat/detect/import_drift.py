@@ -1,52 +1,35 @@
-"""Static import drift: a plugin's ``from vllm... import X`` whose target the installed vLLM no longer has.
+"""Static import drift: a plugin's ``from vllm... import X`` whose target the installed vLLM no longer has, and
+which ways of starting the plugin it stops.
 
-A plugin such as vllm-omni imports dozens of vLLM internals at module level. When vLLM drops or moves one,
-the plugin fails at import time (vllm-omni 0.24.0 and 0.30.0 on vLLM 0.31+: ``vllm.v1.outputs.RoutedExpertsLists``
-is gone, and ``vllm_omni/__init__`` reaches it). This module finds such imports by reading source only:
+A plugin such as vllm-omni imports dozens of vLLM internals at module level. When vLLM drops or moves one, the
+plugin fails at import time (vllm-omni 0.24.0 and 0.30.0 on vLLM 0.31+: ``vllm.v1.outputs.RoutedExpertsLists`` is
+gone, and ``vllm_omni/__init__`` reaches it; vllm-omni 0.24.0 on vLLM 0.25.1: ``vllm serve --omni`` reaches
+``vllm.entrypoints.serve.disagg``). This module joins three readers, each of one job, and reads source only:
 
-* plugin side: every absolute ``from vllm[.x] import Y`` / ``import vllm.x`` that runs when its module is
-  imported: at module level, including inside module-level ``if``/``with``/``for`` blocks and the ``else`` of
-  ``if TYPE_CHECKING``; NOT inside a function or class, NOT under ``if TYPE_CHECKING``, NOT inside a ``try``
-  statement with an ``except`` catching ``ImportError`` (or a parent: ``ModuleNotFoundError``, ``Exception``,
-  bare), and not in any ``except`` body (fallback imports);
-* host side: ``Y`` resolves when ``x`` has a submodule ``Y`` (a ``.py`` file, a package or a compiled
-  extension), or binds ``Y`` at module level (def, class, assignment, import), or re-exports it through
-  ``from .z import *`` (``z.__all__`` when literal, else ``z``'s public names). A module with a module-level
-  ``__getattr__`` (lazy exports, as ``vllm/__init__`` has) answers "unknown", never "missing"; so does a
-  module that exists only as a compiled extension.
+* ``source_scan``: where each import of a file runs (module level, guarded, function, TYPE_CHECKING), and what a
+  module binds;
+* ``import_graph``: the plugin's modules, their imports of each other and of vLLM, and what importing a root
+  reaches;
+* ``host_index``: whether vLLM's module ``x`` has ``Y`` ("yes", "no", "unknown", "no_module").
 
-Speed: ``ast.parse`` of vllm-omni's ~1600 files (24 MB) takes ~15 s, so this never parses whole files. It
-finds candidate lines with C-level regex searches, tells code from triple-quoted strings by pairing the
-quote delimiters, decides the block context by walking indentation back to the enclosing headers, and
-parses only the import statements themselves. Host-module summaries are cached per (tree, file).
-Limits (heuristics, all erring towards "resolves"): names bound by ``globals()[...]``, module-level
-``for``/``with ... as`` targets, or continuation lines dedented below their statement are not seen.
+The result (``ImportDrift``) says what ``import <plugin>`` reaches that vLLM lacks, and the same for each entrypoint
+(``entrypoints.ENTRYPOINTS``: the offline API, ``vllm serve --omni``, the diffusion stage); ``with_bridges`` counts
+what vllm_compat's bridges provide. The installed pair's result is cached with the other static facts
+(``fact_cache``), not here.
 """
 
 from __future__ import annotations
 
-import ast
-import bisect
 import dataclasses
-import os
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..entrypoints import DIFFUSION_STAGE, entrypoints_of
+from .host_index import HostIndex, host_index
+from .import_graph import parents, plugin_graph
+from .source_scan import plugin_imports  # noqa: F401 - the plugin-side reader, imported from here by the bridges
 from .source_tree import SourceTree, tree_of
 
 HOST = "vllm"
-
-_TRIPLE = re.compile(r'"""|\'\'\'')
-_TOP_LINE = re.compile(r"\n[^\s#)\]}]")  # a column-0 statement (not a closing bracket); "\n" first: fast
-_HOST_IMPORT = re.compile(r"vllm(?:_omni)?[ \t.,\n\\]")  # literal prefix: fast; line checked afterwards
-_RELATIVE_IMPORT = re.compile(r"from[ \t]+\.")
-_IMPORT_ERRORS = re.compile(r"\b(?:ImportError|ModuleNotFoundError|Exception|BaseException)\b")
-_TYPE_CHECKING_IF = re.compile(r"(?:el)?if[ \t(]+(?:typing\.)?TYPE_CHECKING[ \t)]*:")
-_MODULE_GETATTR = re.compile(r"^[ \t]*def[ \t]+__getattr__[ \t]*\([ \t]*(?!self\b|cls\b)\w+", re.M)
-_DEF = re.compile(r"(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)")
-_ASSIGN = re.compile(r"([A-Za-z_]\w*(?:[ \t]*,[ \t]*[A-Za-z_]\w*)*)[ \t]*(?::[^=\n]*)?=(?!=)")
-_BLOCK_KEYWORDS = ("if ", "if(", "elif ", "else", "try", "except", "finally", "with ", "for ", "while ", "async ")
 
 
 @dataclass(frozen=True)
@@ -248,534 +231,60 @@ class ImportDrift:
         }
 
 
-# ----------------------------------------------------------------------------------------------- text
-
-
-def _string_spans(text: str) -> list[int]:
-    """Flat, sorted [start0, end0, start1, end1, ...] of triple-quoted string bodies (delimiters paired in
-    order; a triple quote inside a comment or a one-line string is rare enough to ignore). str.find, not a
-    regex: 3x faster on vllm-omni."""
-    spans: list[int] = []
-    pos, next_double, next_single = 0, text.find('"""'), text.find("'''")
-    while next_double >= 0 or next_single >= 0:
-        if next_single < 0 or 0 <= next_double < next_single:
-            quote, start = '"""', next_double
-        else:
-            quote, start = "'''", next_single
-        end = text.find(quote, start + 3)
-        spans.append(start)
-        if end < 0:
-            spans.append(len(text))
-            break
-        pos = end + 3
-        spans.append(pos)
-        if 0 <= next_double < pos:
-            next_double = text.find('"""', pos)
-        if 0 <= next_single < pos:
-            next_single = text.find("'''", pos)
-    return spans
-
-
-def _top_lines(text: str, spans: list[int]) -> list[int]:
-    """Starts of column-0 statement lines outside strings (closing-bracket lines excluded)."""
-    starts = [m.start() + 1 for m in _TOP_LINE.finditer(text)]
-    if text and not text[0].isspace() and text[0] not in "#)]}":
-        starts.insert(0, 0)
-    return [s for s in starts if not _in_string(spans, s)] if spans else starts
-
-
-def _in_string(spans: list[int], pos: int) -> bool:
-    return bisect.bisect_right(spans, pos) % 2 == 1
-
-
-def _line_start(text: str, pos: int) -> int:
-    return text.rfind("\n", 0, pos) + 1
-
-
-def _line_at(text: str, start: int) -> str:
-    end = text.find("\n", start)
-    return text[start:] if end < 0 else text[start:end]
-
-
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip(" \t"))
-
-
-def _statement(text: str, start: int) -> str:
-    """The statement starting at ``start``, with parenthesized / backslash continuation lines."""
-    end = start
-    while True:
-        nl = text.find("\n", end)
-        line = text[end:] if nl < 0 else text[end:nl]
-        end = len(text) if nl < 0 else nl + 1
-        chunk = text[start:end]
-        code = line.split("#", 1)[0].rstrip()
-        if nl < 0 or (chunk.count("(") <= chunk.count(")") and not code.endswith("\\")):
-            return chunk
-
-
-def _previous_code_line(text: str, start: int, spans: list[int], below: int) -> int | None:
-    """Start of the nearest line before ``start`` indented less than ``below`` (blank lines, comments,
-    string contents and closing-bracket lines skipped); None at the top of the file."""
-    pos = start
-    while pos > 0:
-        pos = _line_start(text, pos - 1)
-        line = _line_at(text, pos)
-        stripped = line.strip()
-        if not stripped or stripped[0] in "#)]}" or _in_string(spans, pos):
-            continue
-        if _indent(line) < below:
-            return pos
-    return None
-
-
-def _try_catches_import_errors(text: str, try_start: int, indent: int) -> bool:
-    """Whether the ``try:`` at ``try_start`` has a handler that catches ImportError."""
-    pos = text.find("\n", try_start)
-    while pos >= 0:
-        start = pos + 1
-        line = _line_at(text, start)
-        pos = text.find("\n", start)
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#") or _indent(line) > indent:
-            continue
-        if _indent(line) < indent or not stripped.startswith(("except", "else", "finally")):
-            return False
-        if stripped.startswith("except") and (
-            stripped.rstrip(":").strip() == "except" or _IMPORT_ERRORS.search(stripped)
-        ):
-            return True
-    return False
-
-
-def _context(text: str, start: int, spans: list[int], top_lines: list[int]) -> str:
-    """Where the statement at line ``start`` runs: "module" (when the module is imported), "function"
-    (def/class body), "type_checking", or "guarded" (try/except ImportError, or an except body)."""
-    indent = _indent(_line_at(text, start))
-    if indent == 0:
-        return "module"
-    # Fast path: the enclosing column-0 statement is a def/class (most imports inside functions).
-    index = bisect.bisect_left(top_lines, start) - 1
-    if index >= 0:
-        top = _line_at(text, top_lines[index])
-        if top.startswith(("def ", "class ", "async ", "@")):
-            return "function"
-    context = "module"
-    pos, level = start, indent
-    while level > 0:
-        header_start = _previous_code_line(text, pos, spans, level)
-        if header_start is None:
-            return context
-        header_line = _line_at(text, header_start)
-        header = header_line.strip()
-        level = _indent(header_line)
-        pos = header_start
-        if header.startswith(("def ", "class ", "async def ", "@")):
-            return "function"
-        if _TYPE_CHECKING_IF.match(header) and not header.startswith("elif"):
-            return "type_checking"
-        if header.startswith("try"):
-            if _try_catches_import_errors(text, header_start, level):
-                context = "guarded"
-        elif header.startswith("except"):
-            context = "guarded"  # a fallback import: runs only when the guarded one failed
-        elif header.startswith("else"):
-            pass  # else of `if TYPE_CHECKING` (runtime), of a try (unguarded) or of a plain if: runs
-        elif not header.startswith(_BLOCK_KEYWORDS) and not header.endswith(":"):
-            return "function"  # an indented line under something that is not a block: continuation
-    return context
-
-
-# ---------------------------------------------------------------------------------------------- trees
-
-
-def _walk_py(tree: SourceTree, package: str) -> list[str]:
-    return tree.walk_py(package)
-
-
-class _Names:
-    """The zip namelist / directory listing of a tree, for existence checks without a stat per query."""
-
-    def __init__(self, tree: SourceTree):
-        self.tree = tree
-        self._is_zip = tree.is_zip
-        self._dirs: dict[str, set[str]] = {}
-        if tree.is_zip:  # every directory of the zip indexed in one pass (a scan per directory cost ~0.4 s)
-            for name in tree.namelist():
-                parts = name.split("/")
-                for depth, entry in enumerate(parts):
-                    if entry:
-                        self._dirs.setdefault("/".join(parts[:depth]), set()).add(entry)
-
-    def listdir(self, reldir: str) -> set[str]:
-        """Entry names directly under ``reldir`` (no trailing slash)."""
-        if reldir not in self._dirs:
-            if self._is_zip:
-                self._dirs[reldir] = set()  # indexed up front: a directory not seen there does not exist
-            else:
-                try:
-                    self._dirs[reldir] = set(os.listdir(self.tree.root / reldir))
-                except OSError:
-                    self._dirs[reldir] = set()
-        return self._dirs[reldir]
-
-
-@dataclass
-class _Summary:
-    """What a host module binds at module level, as far as its text tells."""
-
-    defined: set[str] = field(default_factory=set)
-    import_texts: list[tuple[str, str]] = field(default_factory=list)  # (context, statement text)
-    dynamic: bool = False  # module-level __getattr__
-    all_names: list[str] | None = None
-
-
-def _summarize(text: str) -> _Summary:
-    summary = _Summary(dynamic=bool(_MODULE_GETATTR.search(text)))
-    spans = _string_spans(text)
-    for start in _top_lines(text, spans):
-        line = _line_at(text, start)
-        if line.startswith(("from ", "import ")):
-            summary.import_texts.append(("module", _statement(text, start)))
-            continue
-        match = _DEF.match(line)
-        if match:
-            summary.defined.add(match.group(1))
-            continue
-        match = _ASSIGN.match(line)
-        if match:
-            summary.defined.update(n.strip() for n in match.group(1).split(","))
-            if line.startswith("__all__"):
-                summary.all_names = _literal_names(_statement(text, start), summary.all_names)
-            continue
-        if line.startswith("__all__"):  # __all__ += [...] / __all__.extend([...])
-            summary.all_names = _literal_names(_statement(text, start), summary.all_names)
-            continue
-        if line.startswith(_BLOCK_KEYWORDS) and not _TYPE_CHECKING_IF.match(line):
-            _summarize_block(text, start, spans, summary)
-    return summary
-
-
-def _summarize_block(text: str, header: int, spans: list[int], summary: _Summary) -> None:
-    """Bindings inside a module-level compound statement (liberal: any depth, def/class bodies excluded
-    by their indentation only when they start inside the block)."""
-    pos = text.find("\n", header)
-    skip_below = None  # inside a nested def/class: skip lines indented more than its header
-    while pos >= 0:
-        start = pos + 1
-        pos = text.find("\n", start)
-        line = text[start:] if pos < 0 else text[start:pos]
-        stripped = line.strip()
-        if not stripped or stripped[0] == "#" or _in_string(spans, start):
-            continue
-        indent = _indent(line)
-        if indent == 0 and not stripped.startswith(("elif", "else", "except", "finally")):
-            return
-        if skip_below is not None and indent > skip_below:
-            continue
-        skip_below = None
-        if _TYPE_CHECKING_IF.match(stripped):
-            skip_below = indent
-            continue
-        if stripped.startswith(("from ", "import ")):
-            summary.import_texts.append(("block", _statement(text, start)))
-            continue
-        match = _DEF.match(stripped)
-        if match:
-            summary.defined.add(match.group(1))
-            skip_below = indent
-            continue
-        match = _ASSIGN.match(stripped)
-        if match:
-            summary.defined.update(n.strip() for n in match.group(1).split(","))
-
-
-def _literal_names(statement: str, current: list[str] | None) -> list[str] | None:
-    try:
-        node = ast.parse(statement.strip()).body[0]
-    except (SyntaxError, IndexError):
-        return current
-    value = getattr(node, "value", None)
-    if isinstance(node, ast.Expr) and isinstance(value, ast.Call) and value.args:
-        value = value.args[0]  # __all__.extend([...])
-    try:
-        names = [n for n in ast.literal_eval(value) if isinstance(n, str)]
-    except (ValueError, TypeError, SyntaxError):
-        return current
-    if isinstance(node, ast.Assign):
-        return names
-    return (current or []) + names
-
-
-class HostIndex:
-    """Answers "does ``module`` have ``name``?" for the vLLM in ``tree``: "yes", "no", "unknown" or
-    "no_module". Per-file summaries are cached on the instance (and instances per tree, see ``host_index``)."""
-
-    def __init__(self, tree: SourceTree):
-        self.tree = tree
-        self.names = _Names(tree)
-        self._summaries: dict[str, _Summary | None] = {}
-        self._answers: dict[tuple[str, str | None], str] = {}
-
-    def module_file(self, module: str) -> str | None | bool:
-        """Relative path of ``module``'s source; True for a namespace package or a compiled module
-        (exists, contents unknown); None when it does not exist."""
-        parts = module.split(".")
-        parent = "/".join(parts[:-1])
-        entries = self.names.listdir(parent)
-        leaf = parts[-1]
-        path = "/".join(parts)
-        if f"{leaf}.py" in entries:
-            return f"{path}.py"
-        if leaf in entries:
-            return f"{path}/__init__.py" if "__init__.py" in self.names.listdir(path) else True
-        if any(e.startswith(f"{leaf}.") and e.endswith((".so", ".pyd")) for e in entries):
-            return True
-        return None
-
-    def summary(self, relpath: str) -> _Summary | None:
-        if relpath not in self._summaries:
-            text = self.tree.read(relpath)
-            self._summaries[relpath] = _summarize(text) if text is not None else None
-        return self._summaries[relpath]
-
-    def lookup(self, module: str, name: str | None, _seen: frozenset = frozenset()) -> str:
-        key = (module, name)
-        if key not in self._answers:
-            self._answers[key] = self._lookup(module, name, _seen | {module})
-        return self._answers[key]
-
-    def _lookup(self, module: str, name: str | None, seen: frozenset) -> str:
-        found = self.module_file(module)
-        if found is None:
-            parent = module.rpartition(".")[0]
-            if parent and self.lookup(parent, None, seen) == "unknown":
-                return "unknown"
-            return "no_module"
-        if name is None:
-            return "yes"
-        if found is True:
-            return "unknown" if self.module_file(f"{module}.{name}") is None else "yes"
-        if self.module_file(f"{module}.{name}") is not None:
-            return "yes"  # a submodule: ``from pkg import sub`` imports it
-        summary = self.summary(found)
-        if summary is None:
-            return "unknown"
-        if name in summary.defined:
-            return "yes"
-        package = module if found.endswith("__init__.py") else module.rpartition(".")[0]
-        stars = []
-        for _, statement in summary.import_texts:
-            if name not in statement and "*" not in statement:
-                continue
-            try:
-                nodes = ast.parse(statement.strip()).body
-            except SyntaxError:
-                continue
-            for node in nodes:
-                if isinstance(node, ast.Import):
-                    if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
-                        return "yes"
-                elif isinstance(node, ast.ImportFrom):
-                    for alias in node.names:
-                        if alias.name == "*":
-                            stars.append(_absolute(node, package))
-                        elif (alias.asname or alias.name) == name:
-                            return "yes"
-        answer = "unknown" if summary.dynamic else "no"
-        for star in stars:
-            if star is None or star in seen:
-                continue
-            exported = self._star_exports(star, name, seen)
-            if exported == "yes":
-                return "yes"
-            if exported == "unknown":
-                answer = "unknown"
-        return answer
-
-    def _star_exports(self, module: str, name: str, seen: frozenset) -> str:
-        found = self.module_file(module)
-        if found is None:
-            return "no"
-        if found is True:
-            return "unknown"
-        summary = self.summary(found)
-        if summary is None:
-            return "unknown"
-        if summary.all_names is not None:
-            return "yes" if name in summary.all_names else "no"
-        if name.startswith("_"):
-            return "no"
-        return self.lookup(module, name, seen)
-
-
-def _absolute(node: ast.ImportFrom, package: str) -> str | None:
-    if not node.level:
-        return node.module
-    parts = package.split(".")
-    if node.level - 1 > len(parts):
-        return None
-    base = parts[: len(parts) - (node.level - 1)]
-    return ".".join(base + ([node.module] if node.module else []))
-
-
-# ------------------------------------------------------------------------------------------ the check
-
-
-_SIMPLE_IMPORT = re.compile(r"(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+|import[ \t]+)([\w., \t*]+)$")
-
-
-def _parse_import(statement: str) -> tuple[int, str | None, list[str]] | None:
-    """``(level, module, names)`` of ``from M import a, b as c`` (names as bound in M: "a", "b"; level and
-    module None-ish for ``import x.y``, where names are the dotted modules). A regex, not ast: ~20x faster."""
-    code = "\n".join(line.split("#", 1)[0] for line in statement.splitlines())
-    code = code.replace("\\\n", " ").replace("(", " ").replace(")", " ").replace("\n", " ").strip()
-    match = _SIMPLE_IMPORT.match(code)
-    if match is None:
-        return None
-    names = [n.split()[0] for n in match.group(3).split(",") if n.strip()]
-    if code.startswith("import"):
-        return -1, None, names
-    return len(match.group(1)), match.group(2) or None, names
-
-
-def plugin_imports(tree: SourceTree, relpath: str, plugin: str):
-    """Yield ``(line, level, module, names, context)`` for each import in one plugin file that names vLLM,
-    the plugin itself, or a relative module (``level`` -1 for ``import x.y``, names then being modules)."""
-    text = tree.read(relpath)
-    if not text:
-        return
-    matches = list(_HOST_IMPORT.finditer(text)) + list(_RELATIVE_IMPORT.finditer(text))
-    if not matches:
-        return
-    spans = top_lines = None
-    seen_lines = set()
-    prefixes = ("from vllm", "import vllm", "from .", f"from {plugin}", f"import {plugin}")
-    for match in matches:
-        start = _line_start(text, match.start())
-        if start in seen_lines:
-            continue
-        seen_lines.add(start)
-        line = _line_at(text, start)
-        if not line.lstrip(" \t").startswith(prefixes):
-            continue
-        if spans is None:
-            spans = _string_spans(text)
-        if _in_string(spans, start):
-            continue
-        if _indent(line) == 0:
-            context = "module"
-        else:
-            if top_lines is None:
-                top_lines = _top_lines(text, spans)
-            context = _context(text, start, spans, top_lines)
-        parsed = _parse_import(_statement(text, start))
-        if parsed is None:
-            continue
-        lineno = text.count("\n", 0, start) + 1
-        yield (lineno, *parsed, context)
-
-
 def _name_missing_package(index: HostIndex, unresolved: UnresolvedImport) -> UnresolvedImport:
     """"module not found" -> "module not found (no package a.b)" when a parent is what is missing, as
     Python's own ModuleNotFoundError names it."""
     if unresolved.reason != "module not found":
         return unresolved
-    for prefix in _parents(unresolved.module)[1:-1]:
+    for prefix in parents(unresolved.module)[1:-1]:
         if index.module_file(prefix) is None:
             return dataclasses.replace(unresolved, reason=f"module not found (no package {prefix})")
     return unresolved
 
 
-def _is_under(module: str | None, package: str) -> bool:
-    return bool(module) and (module == package or module.startswith(package + "."))
-
-
-def _parents(module: str) -> list[str]:
-    parts = module.split(".")
-    return [".".join(parts[: i + 1]) for i in range(len(parts))]
-
-
-_HOST_INDEXES: dict[str, HostIndex] = {}
-
-
-def host_index(tree: SourceTree) -> HostIndex:
-    """The cached ``HostIndex`` of a tree (keyed by its root path)."""
-    key = str(tree.root)
-    if key not in _HOST_INDEXES:
-        _HOST_INDEXES[key] = HostIndex(tree)
-    return _HOST_INDEXES[key]
-
-
 def check_import_drift(plugin_tree: SourceTree, host_tree: SourceTree, plugin: str = "vllm_omni") -> ImportDrift | None:
-    """Check ``plugin``'s runtime vLLM imports in ``plugin_tree`` against the vLLM in ``host_tree``. None
+    """Check ``plugin``'s runtime vLLM imports in ``plugin_tree`` against the vLLM in ``host_tree``, and follow
+    the package and each of its entrypoints (``entrypoints.ENTRYPOINTS``) through the plugin's own imports. None
     when either package is absent (nothing to check)."""
     if not plugin_tree.has_package(plugin) or not host_tree.has_package(HOST):
         return None
     index = host_index(host_tree)
-    files = _walk_py(plugin_tree, plugin)
-    modules = {relpath[:-3].replace("/", ".").removesuffix(".__init__"): relpath for relpath in files}
+    graph = plugin_graph(plugin_tree, plugin, HOST)
     checked = unknown = 0
     unresolved = []
-    edges: dict[str, set[str]] = {}
-    for importer, relpath in modules.items():
-        package = importer if relpath.endswith("__init__.py") else importer.rpartition(".")[0]
-        targets = edges.setdefault(importer, set())
-        for line, level, module, names, context in plugin_imports(plugin_tree, relpath, plugin):
-            if context != "module":
-                continue
-            if level == -1:  # import a.b.c
-                for name in names:
-                    if _is_under(name, HOST):
-                        checked += 1
-                        answer = index.lookup(name, None)
-                        unknown += answer == "unknown"
-                        if answer == "no_module":
-                            unresolved.append(UnresolvedImport(importer, line, name, None, "module not found"))
-                    elif _is_under(name, plugin):
-                        targets.add(name)
-                continue
-            if level:
-                base = package.split(".")[: len(package.split(".")) - (level - 1)]
-                module = ".".join(base + ([module] if module else []))
-            if _is_under(module, plugin):
-                targets.add(module)
-                targets.update(f"{module}.{n}" for n in names if f"{module}.{n}" in modules)
-            elif _is_under(module, HOST):
-                for name in names:
-                    checked += 1
-                    answer = index.lookup(module, None if name == "*" else name)
-                    if answer == "unknown":
-                        unknown += 1
-                    elif answer == "no_module":
-                        unresolved.append(UnresolvedImport(importer, line, module, None, "module not found"))
-                        break
-                    elif answer == "no":
-                        unresolved.append(UnresolvedImport(importer, line, module, name, "name not defined"))
+    for imported in graph.host_imports:
+        if imported.module is None:  # import vllm.a.b
+            for name in imported.names:
+                checked += 1
+                answer = index.lookup(name, None)
+                unknown += answer == "unknown"
+                if answer == "no_module":
+                    unresolved.append(UnresolvedImport(imported.importer, imported.line, name, None, "module not found"))
+            continue
+        for name in imported.names:
+            checked += 1
+            answer = index.lookup(imported.module, None if name == "*" else name)
+            if answer == "unknown":
+                unknown += 1
+            elif answer == "no_module":
+                unresolved.append(UnresolvedImport(imported.importer, imported.line, imported.module, None,
+                                                   "module not found"))
+                break
+            elif answer == "no":
+                unresolved.append(UnresolvedImport(imported.importer, imported.line, imported.module, name,
+                                                   "name not defined"))
     unresolved = [_name_missing_package(index, u) for u in unresolved]
-    package_reach = _reached(plugin, modules, edges)
+    package_reach = graph.reached(plugin)
     entrypoints = []
     for entrypoint in entrypoints_of(plugin):
-        roots = tuple(root for root in entrypoint.roots if root in modules)
-        reach = set().union(*(_reached(root, modules, edges) for root in roots))
+        roots = tuple(root for root in entrypoint.roots if root in graph.modules)
+        reach = set().union(*(graph.reached(root) for root in roots))
         entrypoints.append(EntrypointDrift(entrypoint.id, entrypoint.label, roots,
                                            tuple(u for u in unresolved if u.importer in reach)))
-    return ImportDrift(plugin=plugin, files=len(files), checked=checked, unknown=unknown,
+    return ImportDrift(plugin=plugin, files=len(graph.modules), checked=checked, unknown=unknown,
                        unresolved=tuple(unresolved),
                        blocking=tuple(u for u in unresolved if u.importer in package_reach),
                        entrypoints=tuple(entrypoints))
-
-
-def _reached(root: str, modules: dict, edges: dict) -> set[str]:
-    """What ``import root`` executes: its parent packages, root, their module-level imports, and so on."""
-    reached, todo = set(), [root]
-    while todo:
-        module = todo.pop()
-        for candidate in _parents(module):
-            if candidate not in reached and candidate in modules:
-                reached.add(candidate)
-                todo.extend(edges.get(candidate, ()))
-    return reached
 
 
 def detect_import_drift(plugin: str = "vllm_omni") -> ImportDrift | None:
