@@ -83,6 +83,8 @@ def _cell_env(cell: dict) -> dict:
         env["VLLM_COMPAT_EXPECT_UNRESOLVED"] = ",".join(cell["unresolved"])
         env["VLLM_COMPAT_EXPECT_BRIDGED"] = ",".join(cell.get("bridged", []))
         env["VLLM_COMPAT_EXPECT_WORKER_UNRESOLVED"] = ",".join(cell.get("worker_unresolved", []))
+    if "entrypoints" in cell:  # per entrypoint: works / works_with_vllm_compat / will_not_start / absent
+        env["VLLM_COMPAT_EXPECT_ENTRYPOINTS"] = ",".join(f"{k}={v}" for k, v in cell["entrypoints"].items())
     env["VLLM_COMPAT_CELL"] = cell["id"]
     # Let the cell's interpreters write bytecode (empty = unset for Python): uv installs none, and where the
     # environment sets PYTHONDONTWRITEBYTECODE (these CI machines do) every new interpreter compiled vLLM and
@@ -164,6 +166,7 @@ def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
             level=data["vllm"]["level"], loader=data["vllm_omni"]["loader_kind"],
             decision=_decisions_cell(data["patches"]),
             drift="-" if drift is None else _drift_cell(drift), verdict=data["verdict"]["kind"],
+            entrypoints="-" if drift is None else _entrypoints_cell(drift),
         )
     except (TypeError, ValueError, KeyError, IndexError) as exc:
         row["error"] = f"doctor --json unreadable: {exc}"
@@ -221,8 +224,16 @@ def _drift_cell(drift: dict) -> str:
     return f"{len(drift['unresolved'])} unresolved{bridged}"
 
 
+def _entrypoints_cell(drift: dict) -> str:
+    """The matrix table's entrypoint column: each entrypoint's status in doctor's --json, in the table's order."""
+    short = {"works": "works", "works_with_vllm_compat": "with vllm_compat", "will_not_start": "WILL NOT START",
+             "absent": "absent"}
+    return " / ".join(short[e["status"]] for e in drift.get("entrypoints", {}).values()) or "-"
+
+
 def _render_matrix(rows: list[dict]) -> str:
-    header = ["cell", "level", "loader kind", "decisions", "import drift", "verdict", "diffusion path",
+    header = ["cell", "level", "loader kind", "decisions", "import drift", "offline / serve / diffusion stage",
+              "verdict", "diffusion path",
               "tests passed/failed/skipped", "seconds (build+tests)", "result"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
@@ -230,6 +241,7 @@ def _render_matrix(rows: list[dict]) -> str:
         seconds = f"{r.get('build_s', 0):.0f} ({r.get('build', '-')}) + {r.get('test_s', 0):.0f}"
         lines.append("| " + " | ".join([
             r["cell"], r.get("level", "-"), r.get("loader", "-"), r.get("decision", "-"), r.get("drift", "-"),
+            r.get("entrypoints", "-"),
             r.get("verdict", "-"), r.get("diffusion_path", "-"), tests, seconds, "ok" if r["ok"] else f"FAIL{': ' + r['error'] if r.get('error') else ''}",
         ]) + " |")
     return "\n".join(lines)
