@@ -63,3 +63,23 @@ def test_cell_diffusion_worker_drift_matches_matrix():
     if drift.import_ok and not drift.worker_ok:
         assert result.verdict().kind == "will_not_start" and "diffusion stage" in result.verdict().text
         assert result.exit_code == 1
+
+
+def test_cell_entrypoints_match_matrix():
+    """``entrypoints`` in matrix/vllm.toml (measured from the wheels by ``nox -s refresh``): whether vllm-omni's
+    offline API, ``vllm serve --omni`` and diffusion stage start in this cell as a user who installs vllm_compat
+    gets them (the bridges in place before vllm-omni is imported). The doctor's static view of the installed pair
+    must say the same, and its verdict says WORKS only when all of them start."""
+    expected = os.environ.get("VLLM_COMPAT_EXPECT_ENTRYPOINTS")
+    if expected is None:
+        pytest.skip("the cell has no vllm-omni (or no entrypoints measured)")
+    result = report()
+    drift = result.import_drift
+    as_installed = drift.with_bridges(dict(drift.bridged), early=True)  # the startup hook, as refresh measures
+    found = {status.id: status.status for status in as_installed.statuses}
+    assert found == dict(item.split("=", 1) for item in expected.split(",")), f"cell {os.environ['VLLM_COMPAT_CELL']}"
+    if drift.early:
+        stopped = [s for s in drift.statuses if s.status == "will_not_start"]
+        assert (result.verdict().kind == "will_not_start") == bool(stopped or not drift.import_ok)
+        for status in stopped if drift.import_ok else ():  # else the verdict names what stops the import
+            assert status.label in result.verdict().text and all(n in result.verdict().text for n in status.missing)
