@@ -238,16 +238,9 @@ def render(result: CheckResult) -> str:
         if drift.import_ok and drift.starts:
             lines.append("    none of them stops `import vllm_omni` or an entrypoint (bridged or not reached)")
     if drift is not None and drift.import_ok:
-        lines += ["", "  entrypoints (each followed through its module-level imports, bridges applied):"]
-        for status in drift.statuses:
-            line = f"    {status.label:<{max(len(s.label) for s in drift.statuses)}}  "
-            line += {"works": "starts", "works_with_vllm_compat": "starts with vllm_compat",
-                     "will_not_start": "WILL NOT START", "absent": "not in this vllm-omni release"}[status.status]
-            if status.bridged:
-                line += f" (bridged: {', '.join(status.bridged)})"
-            lines.append(line)
-            for b in _first_use(drift.still_stopping(status.id)):
-                lines.append(f"      still stops it: {b['target']} (in {b['importer']}:{b['line']})")
+        from .reporting import render_entrypoints
+
+        lines += ["", *render_entrypoints(drift, "    ")]
     if result.dependencies is not None:
         lines += ["", *result.dependencies.render_lines()]
     lines += ["", f"  verdict: {report.verdict().text}"]

@@ -177,9 +177,8 @@ class Report:
         patched = [d.name for d in self.patches if d.action == "patched"]
         started = [st for st in drift.statuses if st.starts] if drift is not None else []
         bridged = [st.label for st in started if st.status == "works_with_vllm_compat"]
-        details = ([f"{_join(st.label for st in started)} start"] if started else []) + (
-            [f"it handles {', '.join(patched)}"] if patched else []) + (
-            [f"its bridges stand in for what {_join(bridged)} need(s) from vLLM"] if bridged else [])
+        details = ([f"{_join(st.label for st in started)} " + ("start" if len(started) > 1 else "starts")]
+                   if started else []) + ([f"it handles {', '.join(patched)}"] if patched else [])
         if patched or bridged:
             return Verdict("works_with_vllm_compat", 0, f"WORKS WITH vllm_compat: {'; '.join(details)}.")
         if started:
@@ -228,25 +227,31 @@ def render_import_drift(drift, indent: str = "             ", shown: int = 3) ->
         lines.append(f"{indent}`import {drift.plugin}` reaches {', '.join(drift.blocking_names)}: bridged by "
                      f"{', '.join(sorted({drift.bridged_by(n) for n in drift.blocking_names}))}")
     if drift.import_ok:
-        lines += render_entrypoints(drift, indent)
+        lines += render_entrypoints(drift, indent + "  ")
     return lines
 
 
-ENTRYPOINT_STATUS_TEXT = {"works": "starts", "works_with_vllm_compat": "starts with vllm_compat",
-                          "will_not_start": "WILL NOT START", "absent": "not in this release"}
+ENTRYPOINT_STATUS_TEXT = {"works": "starts natively", "works_with_vllm_compat": "starts with vllm_compat",
+                          "will_not_start": "WILL NOT START", "absent": "not in this vllm-omni release"}
 
 
-def render_entrypoints(drift, indent: str = "             ") -> list[str]:
-    """One line per entrypoint: whether it starts once the bridges act, and what stops it or was bridged."""
-    lines = []
-    width = max([len(st.label) for st in drift.statuses] + [0])
+def render_entrypoints(drift, indent: str = "    ") -> list[str]:
+    """One line per entrypoint (``entrypoints.ENTRYPOINTS``): whether it starts once the bridges act, the names a
+    bridge provides for it, and below it each name that still stops it with its first importer. Doctor and check
+    print the same lines."""
+    if not drift.statuses:
+        return []
+    lines = [f"{indent[:-2] if len(indent) > 2 else ''}entrypoints (each followed through its module-level imports, "
+             "bridges applied):"]
+    width = max(len(st.label) for st in drift.statuses)
     for st in drift.statuses:
         line = f"{indent}{st.label:<{width}}  {ENTRYPOINT_STATUS_TEXT[st.status]}"
-        if st.missing:
-            line += f": {', '.join(st.missing)} missing, no bridge"
-        elif st.bridged:
-            line += f" (bridged: {', '.join(st.bridged)})"
-        lines.append(line)
+        lines.append(line + (f" (bridged: {', '.join(st.bridged)})" if st.bridged and st.starts else ""))
+        first = {}
+        for u in drift.still_stopping(st.id):
+            first.setdefault(u.target, u)
+        lines += [f"{indent}  still stops it: {name} (in {first[name].importer}:{first[name].line})"
+                  for name in sorted(first)]
     return lines
 
 

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Build, from the repo alone, everything the served Qwen-Image check (issue 24 item 4; gpu/serve_check.py) needs on
+# the GPU machine, and pack it into device-call-sized folders under gpu/.carry/serve/ (git-ignored).
+#
+# Nothing here installs torch: the GPU image has torch 2.11.0+cu130, torchvision 0.26 and torchaudio 2.11, the
+# versions vLLM 0.24.0 and 0.25.1 pin. uv unpacks, for CPython 3.12 on x86-64 glibc 2.39 (the image), without
+# dependencies and without a Python 3.12 here:
+#   - vllm==0.24.0, vllm==0.25.1, vllm-omni==0.24.0 (PyPI wheels), into $B/{v024,v0251,omni024};
+#   - the serving dependencies the image lacks: gpu/deps-serve-common.txt (both pairs) and
+#     gpu/deps-serve-v0.24.0.txt / -v0.25.1.txt (the one or two that differ), into $B/deps{,024,0251}.
+# Parts (tar.xz), unpacked on the device under /tmp/vcs by gpu/device_env_serve.sh:
+#   deps        the common dependencies
+#   py024       vLLM 0.24.0's pure-Python tree + dist-info + its own deps  (no .so, no vllm-rs, no C/CUDA sources)
+#   py0251      the same for vLLM 0.25.1
+#   omni024     vllm-omni 0.24.0 + dist-info
+#   so024       vLLM 0.24.0's compiled kernels for torch 2.11: _C_stable_libtorch (111 MB) and the small ones
+#               (spinloop, _qutlass_C, cumem_allocator, _rust_tool_parser, deep_gemm's cp312 _C); left out: FA2
+#               (191 MB: vllm-omni's attention runs on TORCH_SDPA here), _moe_C, flashmla (not on an image's path)
+#   fa3_024     vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so (153 MB): vLLM's CUDA platform imports
+#               vllm.vllm_flash_attn, which raises ImportError without FA2 or FA3
+#   so0251, fa3_0251   the same for vLLM 0.25.1
+# xz level $XZ_LEVEL (default 1: this machine's two shared cores; -6 took ~4x as long for ~15 % less).
+# Each part is cut into slices of at most $SLICE_MB MiB; the slices are packed into gpu/.carry/serve/callN/ folders
+# of at most $CALL_MB MiB (the device tool carries 64 MiB a call, the working tree included). gpu/.carry/serve/
+# MANIFEST lists part, slice count and sha256; gpu/.carry/serve/calls.txt the folders in call order.
+# Device side: one `run` per folder, back to back on one warm machine, `carry` = [gpu/.carry/serve/callN], each
+# command starting with `source gpu/device_env_serve.sh` (which keeps the slices under /tmp and unpacks a part when
+# all its slices are there). gpu/results.md, "Served Qwen-Image", has the exact calls.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=$(realpath -m "${SERVE_BUILD:-gpu/.serve-build}")
+C=gpu/.carry/serve
+SLICE_MB=${SLICE_MB:-58}
+CALL_MB=${CALL_MB:-58}
+PLAT=(--python-version 3.12 --python-platform x86_64-manylinux_2_39 --only-binary :all: --no-deps --no-compile)
+mkdir -p "$B"
+
+# 1. vLLM and vllm-omni wheels, unpacked (kept between runs: delete $B to rebuild).
+for spec in v024:vllm==0.24.0 v0251:vllm==0.25.1 omni024:vllm-omni==0.24.0; do
+    d=$B/${spec%%:*}
+    [ -d "$d" ] || uv pip install -q "${PLAT[@]}" --target "$d" "${spec#*:}"
+done
+# 2. Dependencies, from the deps files (always reinstalled: cheap from uv's cache).
+rm -rf "$B/deps" "$B/deps024" "$B/deps0251"
+uv pip install -q "${PLAT[@]}" --target "$B/deps" -r gpu/deps-serve-common.txt
+uv pip install -q "${PLAT[@]}" --target "$B/deps024" -r gpu/deps-serve-v0.24.0.txt
+uv pip install -q "${PLAT[@]}" --target "$B/deps0251" -r gpu/deps-serve-v0.25.1.txt
+
+# 3. Parts.
+P=$B/parts
+rm -rf "$P" && mkdir -p "$P"
+PURE=(--exclude='__pycache__' --exclude='*.so' --exclude='vllm/vllm-rs' --exclude='*.h' --exclude='*.hpp'
+      --exclude='*.cuh' --exclude='*.cu' --exclude='*.inl')
+xzpart() { xz -T0 "-${XZ_LEVEL:-1}" > "$P/$1.tar.xz"; }
+tar -C "$B/deps" -cf - --exclude='__pycache__' --exclude='./bin' . | xzpart deps
+for v in 024:0.24.0 0251:0.25.1; do
+    tag=${v%%:*}; ver=${v#*:}
+    tar -cf - "${PURE[@]}" -C "$B/v$tag" vllm "vllm-$ver.dist-info" -C "$B/deps$tag" --exclude='./bin' . | xzpart "py$tag"
+    (cd "$B/v$tag" && tar -cf - vllm/_C_stable_libtorch.abi3.so vllm/spinloop.abi3.so vllm/_qutlass_C.abi3.so \
+        vllm/cumem_allocator.abi3.so vllm/_rust_tool_parser.abi3.so \
+        vllm/third_party/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so) | xzpart "so$tag"
+    (cd "$B/v$tag" && tar -cf - vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so) | xzpart "fa3_$tag"
+done
+tar -C "$B/omni024" -cf - --exclude='__pycache__' vllm_omni vllm_omni-0.24.0.dist-info | xzpart omni024
+
+# 4. Slices, manifest, call folders (first fit, in part order: the kernels of 0.25.1 first, then the rest).
+rm -rf "$C" && mkdir -p "$C"
+S=$B/slices
+rm -rf "$S" && mkdir -p "$S"
+: > "$C/MANIFEST"
+for part in so0251 fa3_0251 py0251 deps omni024 so024 fa3_024 py024; do
+    split -b "${SLICE_MB}M" -d -a 2 "$P/$part.tar.xz" "$S/$part.tar.xz."
+    n=$(ls "$S" | grep -c "^$part\.tar\.xz\.")
+    echo "$part $n $(sha256sum < "$P/$part.tar.xz" | cut -d' ' -f1) $(stat -c %s "$P/$part.tar.xz")" >> "$C/MANIFEST"
+done
+call=1; used=0; limit=$((CALL_MB * 1024 * 1024))
+: > "$C/calls.txt"
+while read -r part n _; do
+    for f in "$S/$part".tar.xz.*; do
+        size=$(stat -c %s "$f")
+        if [ $((used + size)) -gt "$limit" ] && [ "$used" -gt 0 ]; then call=$((call + 1)); used=0; fi
+        mkdir -p "$C/call$call"
+        mv "$f" "$C/call$call/"
+        used=$((used + size))
+    done
+done < "$C/MANIFEST"
+for d in "$C"/call*; do cp "$C/MANIFEST" "$d/"; done  # every call carries the manifest with its slices
+for d in "$C"/call*; do echo "$d $(du -sm "$d" | cut -f1) MiB: $(ls "$d" | tr '\n' ' ')"; done | sort -V | tee "$C/calls.txt"
+cut -d' ' -f1,2,4 "$C/MANIFEST"

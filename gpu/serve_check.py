@@ -1,0 +1,300 @@
+"""`vllm serve <tiny Qwen-Image> --omni` on the GPU machine (issue 24, item 4).
+
+Two subcommands, run by the device calls in gpu/results.md ("Served Qwen-Image"):
+
+  write-model DIR     write a tiny but complete Qwen-Image pipeline in the diffusers layout, offline, from a fixed
+                      seed: vllm-omni's QwenImagePipeline loads every component of it (scheduler config, a
+                      Qwen2.5-VL text encoder, a byte-level Qwen2 tokenizer, the Qwen-Image VAE, and the
+                      QwenImageTransformer2DModel weights through vllm-omni's own loader). Random weights, safetensors.
+  serve NAME DIR OUT  start `vllm serve DIR --omni` (vLLM's own CLI entry point, which hands `--omni` to vllm-omni)
+                      in a new process group, wait for /health (or for the process to end), ask /v1/models, then
+                      one OpenAI-client `images.generate` (fixed seed, twice: the second must equal the first), then
+                      SIGINT and the time the server takes to stop. Writes OUT/NAME.json, OUT/NAME.log (the server's
+                      stdout+stderr) and OUT/NAME.png.
+
+The interpreter, PYTHONPATH and whether vllm_compat is installed are the caller's (gpu/device_env_serve.sh): this
+file never imports vLLM, vllm-omni or vllm_compat itself, and the server inherits the caller's environment plus
+the variables below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+PROMPT = "a red cube on a blue table"
+SEED = 1234
+SIZE = "64x64"
+STEPS = 4
+# The tiny model's widths. The transformer's joint_attention_dim is the text encoder's hidden size; its
+# in_channels = 4 * the VAE's z_dim (2x2 latent patches); axes_dims_rope sums to the head dim.
+TEXT_HIDDEN = 64
+HEAD_DIM = 32
+HEADS = 2
+LAYERS = 2
+Z_DIM = 16
+
+SERVER_ENV = {
+    # NVLink multicast stays off (KINDS.md).
+    "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+    # vllm-omni's FA backend calls vLLM's _vllm_fa2_C, which is not carried; attention is not under test.
+    "DIFFUSION_ATTENTION_BACKEND": "TORCH_SDPA",
+    "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_COLOR": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The tiny pipeline.
+# ------------------------------------------------------------------------------------------------------------------
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2 / Qwen2 byte-level alphabet."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs), strict=True))
+
+
+def _randomize(module, generator) -> None:
+    """Every floating parameter from the seed: 2-D+ weights ~ N(0, 1/fan_in), norm scales ~ 1, biases small."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in sorted(module.named_parameters()):
+            if not p.is_floating_point():
+                continue
+            if p.dim() >= 2:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=generator) / fan_in**0.5)
+            elif "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=generator))
+            else:
+                p.copy_(0.02 * torch.randn(p.shape, generator=generator))
+
+
+def write_model(root: Path, seed: int = 0) -> dict:
+    import torch
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer
+
+    root.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+
+    # Scheduler: Qwen-Image's own config.
+    FlowMatchEulerDiscreteScheduler(
+        base_image_seq_len=256, base_shift=0.5, invert_sigmas=False, max_image_seq_len=8192, max_shift=0.9,
+        num_train_timesteps=1000, shift=1.0, shift_terminal=0.02, stochastic_sampling=False,
+        time_shift_type="exponential", use_beta_sigmas=False, use_dynamic_shifting=True,
+        use_exponential_sigmas=False, use_karras_sigmas=False,
+    ).save_pretrained(root / "scheduler")
+
+    # Tokenizer: byte-level BPE with no merges (one token per byte) plus Qwen's chat specials.
+    vocab = {ch: i for i, ch in enumerate(_bytes_to_unicode().values())}
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    for i, sp in enumerate(specials):
+        vocab[sp] = 256 + i
+    tok = Qwen2Tokenizer(vocab=vocab, merges=[], unk_token=None, bos_token=None, eos_token="<|endoftext|>",
+                         pad_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": specials[1:]})
+    tok.model_max_length = 32768
+    tok.save_pretrained(root / "tokenizer")
+    tok = Qwen2Tokenizer.from_pretrained(root / "tokenizer")  # what the pipeline loads
+    assert tok("<|im_start|>ab")["input_ids"] == [257, vocab["a"], vocab["b"]], tok("<|im_start|>ab")
+    vocab_size = len(tok)
+
+    # Text encoder: Qwen2.5-VL, one text layer (its vision tower is dropped by the pipeline, but built on load).
+    te_cfg = Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": 320, "hidden_size": TEXT_HIDDEN, "intermediate_size": 128, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 2048,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]},
+            "bos_token_id": None, "eos_token_id": 256, "pad_token_id": 256,
+        },
+        vision_config={
+            "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": TEXT_HIDDEN,
+            "fullatt_block_indexes": [0],
+        },
+        vocab_size=320, hidden_size=TEXT_HIDDEN, bos_token_id=None, eos_token_id=256, pad_token_id=256,
+    )
+    assert vocab_size <= 320, vocab_size
+    te = Qwen2_5_VLForConditionalGeneration(te_cfg)
+    _randomize(te, g)
+    te.to(torch.bfloat16).save_pretrained(root / "text_encoder", safe_serialization=True)
+
+    # VAE: the Qwen-Image VAE, narrow (base_dim 16), same z_dim and downsampling (scale factor 8).
+    vae = AutoencoderKLQwenImage(base_dim=16, z_dim=Z_DIM, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
+    _randomize(vae, g)
+    vae.to(torch.bfloat16).save_pretrained(root / "vae", safe_serialization=True)
+
+    # Transformer: diffusers' class for the checkpoint layout; vllm-omni's own class loads it.
+    tr = QwenImageTransformer2DModel(
+        patch_size=2, in_channels=4 * Z_DIM, out_channels=Z_DIM, num_layers=LAYERS, attention_head_dim=HEAD_DIM,
+        num_attention_heads=HEADS, joint_attention_dim=TEXT_HIDDEN, guidance_embeds=False, axes_dims_rope=(8, 12, 12),
+    )
+    _randomize(tr, g)
+    tr.to(torch.bfloat16).save_pretrained(root / "transformer", safe_serialization=True)
+
+    (root / "model_index.json").write_text(json.dumps({
+        "_class_name": "QwenImagePipeline", "_diffusers_version": "0.38.0",
+        "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+        "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
+        "tokenizer": ["transformers", "Qwen2Tokenizer"],
+        "transformer": ["diffusers", "QwenImageTransformer2DModel"],
+        "vae": ["diffusers", "AutoencoderKLQwenImage"],
+    }, indent=2))
+    files = {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(root.rglob("*")) if p.is_file()}
+    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    return {"dir": str(root), "seed": seed, "files": files, "digest": digest, "tokenizer_len": vocab_size,
+            "params": {"text_encoder": sum(p.numel() for p in te.parameters()),
+                       "vae": sum(p.numel() for p in vae.parameters()),
+                       "transformer": sum(p.numel() for p in tr.parameters())}}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The server run.
+# ------------------------------------------------------------------------------------------------------------------
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except Exception as e:  # noqa: BLE001 - any failure means "not up yet"
+        return -1, f"{type(e).__name__}: {e}"
+
+
+def _image_record(b64: str) -> dict:
+    import numpy as np
+    from PIL import Image
+
+    png = base64.b64decode(b64)
+    img = Image.open(io.BytesIO(png))
+    arr = np.asarray(img.convert("RGB"))
+    return {"png_sha256": hashlib.sha256(png).hexdigest(), "pixels_sha256": hashlib.sha256(arr.tobytes()).hexdigest(),
+            "shape": list(arr.shape), "mean": float(arr.mean()), "std": float(arr.std()), "png_bytes": len(png)}, png
+
+
+def serve(name: str, model: Path, out: Path, *, port: int, extra: list[str], startup_timeout: float) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / f"{name}.log"
+    cmd = [sys.executable, "-c",
+           "import sys; sys.argv[0] = 'vllm'; from vllm.entrypoints.cli.main import main; sys.exit(main())",
+           "serve", str(model), "--omni", "--port", str(port), "--host", "127.0.0.1", *extra]
+    env = {**os.environ, **SERVER_ENV}
+    rec: dict = {"name": name, "cmd": ["vllm", *cmd[3:]], "pythonpath": env.get("PYTHONPATH", ""),
+                 "seed": SEED, "size": SIZE, "steps": STEPS, "prompt": PROMPT}
+    t0 = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd="/tmp", start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            if proc.poll() is not None:
+                rec.update(started=False, exit_code=proc.returncode, exited_after_s=round(time.monotonic() - t0, 1))
+                break
+            if _get(base + "/health", 2.0)[0] == 200:
+                rec.update(started=True, health_after_s=round(time.monotonic() - t0, 1))
+                break
+            if time.monotonic() - t0 > startup_timeout:
+                rec.update(started=False, startup_timeout_s=startup_timeout)
+                break
+            time.sleep(1.0)
+        if rec.get("started"):
+            status, body = _get(base + "/v1/models")
+            rec["models_status"] = status
+            model_id = json.loads(body)["data"][0]["id"] if status == 200 else str(model)
+            rec["model_id"] = model_id
+            from openai import OpenAI
+
+            client = OpenAI(base_url=base + "/v1", api_key="unused", timeout=300)
+            images = []
+            for attempt in range(2):
+                t1 = time.monotonic()
+                try:
+                    resp = client.images.generate(
+                        model=model_id, prompt=PROMPT, size=SIZE, n=1, response_format="b64_json",
+                        extra_body={"seed": SEED, "num_inference_steps": STEPS},
+                    )
+                except Exception as e:  # noqa: BLE001 - recorded, the run goes on to the stop
+                    rec[f"request{attempt}_error"] = f"{type(e).__name__}: {e}"[:2000]
+                    break
+                r, png = _image_record(resp.data[0].b64_json)
+                r["request_s"] = round(time.monotonic() - t1, 2)
+                images.append(r)
+                if attempt == 0:
+                    (out / f"{name}.png").write_bytes(png)
+            rec["images"] = images
+            if len(images) == 2:
+                rec["repeat_equal"] = images[0]["pixels_sha256"] == images[1]["pixels_sha256"]
+            # SIGINT to the server (the CLI's main process), as Ctrl-C would; time until the whole group is gone.
+            t2 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+                rec["sigint_stop_s"] = round(time.monotonic() - t2, 2)
+                rec["sigint_exit_code"] = proc.returncode
+            except subprocess.TimeoutExpired:
+                rec["sigint_stop_s"] = None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        try:  # stage processes left in the group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    text = log_path.read_text(errors="replace")
+    errors = [ln.strip() for ln in text.splitlines() if "Error" in ln and ("No module named" in ln or "Error:" in ln)]
+    rec["error_lines"] = errors[-8:]
+    rec["log_tail"] = text.splitlines()[-25:]
+    rec["wall_s"] = round(time.monotonic() - t0, 1)
+    (out / f"{name}.json").write_text(json.dumps(rec, indent=2))
+    print(json.dumps({k: v for k, v in rec.items() if k != "log_tail"}, indent=1), flush=True)
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    w = sub.add_parser("write-model")
+    w.add_argument("dir", type=Path)
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--json", type=Path)
+    s = sub.add_parser("serve")
+    s.add_argument("name")
+    s.add_argument("dir", type=Path)
+    s.add_argument("out", type=Path)
+    s.add_argument("--port", type=int, default=8091)
+    s.add_argument("--startup-timeout", type=float, default=300.0)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # more `vllm serve` arguments, after --
+    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if args.what == "write-model":
+        t0 = time.monotonic()
+        rec = write_model(args.dir, args.seed)
+        rec["write_s"] = round(time.monotonic() - t0, 1)
+        print(json.dumps(rec, indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(rec, indent=2))
+        return 0
+    rec = serve(args.name, args.dir, args.out, port=args.port, extra=extra, startup_timeout=args.startup_timeout)
+    return 0 if rec.get("images") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
