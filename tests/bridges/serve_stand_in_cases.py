@@ -1,0 +1,142 @@
+"""The checks every serving-layer module stand-in of vllm-omni 0.24.0's server (``bridges._serve_module_stand_in``)
+gets on the real wheels: the decision table, static and runtime facts agreeing, the real ModuleNotFoundError of
+``import vllm_omni.entrypoints.openai.api_server`` without the bridge (reproduced first), the import with it, revert
+removing exactly what it put there, and staying out where vLLM has the module. Each test file binds them to one
+bridge (``cases(bridge_module)``)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import pytest
+
+from conftest import needs_startup_hook, needs_vllm, run_python
+from vllm_compat.bridges import HostKind, StandInFacts, is_ours
+from vllm_compat.config import Controls
+from vllm_compat.decide import Action, decide_entry
+from vllm_compat.detect.static import StaticSite
+
+SERVER = "vllm_omni.entrypoints.openai.api_server"
+
+
+def cases(bridge) -> dict:
+    point = bridge.DRIFT_POINT
+    static = point.detect_static(StaticSite.installed())
+    host = getattr(static, "host", None)
+    importers = getattr(static, "importers", ())
+    facts_of = getattr(bridge, "facts_for_table", None) or (lambda h, i: StandInFacts(h, i))
+    importer = "vllm_omni.entrypoints.openai.api_server:1 (module)"
+    needs_missing = pytest.mark.skipif(
+        host != HostKind.LACKS or not importers or point.decide(static, Controls()).action != Action.PATCHED,
+        reason=f"needs a vLLM without {point.old_module} (0.25+) where the bridge acts, with a vllm-omni that "
+        f"imports it (0.24.0); here: vLLM {host} it, importers {list(importers) or 'none'}")
+    needs_vllm_with_it = pytest.mark.skipif(
+        host != HostKind.DEFINES, reason=f"needs a vLLM that has {point.first_missing} (0.24); here: {host}")
+    missing = f"No module named '{point.first_missing}'"
+
+    @pytest.mark.parametrize(("host_kind", "importing", "action"), [
+        (HostKind.LACKS, True, Action.PATCHED), (HostKind.LACKS, False, Action.SKIPPED),
+        (HostKind.DEFINES, True, Action.SKIPPED), (HostKind.NO_MODULE, True, Action.SKIPPED),
+        (HostKind.ABSENT, False, Action.PENDING), (HostKind.UNKNOWN, True, Action.PENDING),
+    ], ids=["lacks+imported", "lacks+unused", "defines", "no-parent", "no-vllm", "unknown"])
+    def test_decision_table(host_kind, importing, action):
+        facts = facts_of(host_kind, (importer,) if importing else ())
+        decision = point.decide(facts, Controls())
+        assert decision.action == action
+        if action == Action.PATCHED:
+            assert point.old_module in decision.provides
+        disabled = Controls(disabled_patches=frozenset({point.id}))
+        assert decide_entry(point.entry, facts, disabled).action == Action.DISABLED
+
+    @needs_vllm
+    def test_static_and_runtime_facts_agree():
+        module = importlib.import_module(point.target_module)
+        assert point.compare(static, point.detect_runtime(module)) == []
+
+    @needs_missing
+    def test_unpatched_server_import_fails_with_the_real_error():
+        """Without this bridge (the others on), vllm-omni's server module dies on this module, as the bug report."""
+        result = run_python(
+            f"""
+            try:
+                import {SERVER}
+            except ImportError as exc:
+                print("IMPORT-ERROR", type(exc).__name__, exc)
+            else:
+                print("IMPORTED")
+            """, env={"VLLM_COMPAT_DISABLE_PATCHES": point.id}, warm=True)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert f"IMPORT-ERROR ModuleNotFoundError {missing}" in result.stdout, result.stdout[-2000:]
+
+    @needs_missing
+    @needs_startup_hook
+    def test_server_imports_with_the_bridge_and_revert_removes_exactly_it():
+        result = run_python(
+            f"""
+            import json, sys
+            import {SERVER}
+            import vllm_compat
+            parent = sys.modules["{point.target_module}"]
+            chain = {point.chain()!r}
+            out = dict(marks=[getattr(sys.modules[n], "_vllm_compat_installed", None) for n in chain],
+                       attribute=getattr(parent, "{point.target}") is sys.modules[chain[0]],
+                       decision=[d.action for d in vllm_compat.current_decisions() if d.name == "{point.id}"])
+            before, modules = set(vars(parent)), set(sys.modules)
+            vllm_compat.revert()
+            out["removed"] = sorted(before - set(vars(parent)))
+            out["modules_removed"] = sorted(modules - set(sys.modules))
+            try:
+                import {point.old_module}
+            except ImportError as exc:
+                out["after_revert"] = str(exc)
+            vllm_compat.apply()
+            out["back"] = all(n in sys.modules for n in chain)
+            print("RESULT", json.dumps(out))
+            """, warm=True)
+        assert result.returncode == 0, result.stderr[-3000:]
+        out = json.loads(result.stdout.split("RESULT ", 1)[1])
+        assert out["marks"] == [point.id] * len(point.chain()) and out["attribute"] and out["decision"] == ["patched"]
+        assert point.target in out["removed"] and all(not n.startswith("vllm.") or n.startswith(
+            "vllm.entrypoints") for n in out["removed"])
+        assert set(point.chain()) <= set(out["modules_removed"])
+        assert out["after_revert"] == missing and out["back"]
+
+    @needs_missing
+    def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
+        parent = importlib.import_module(point.target_module)
+        had = {n: sys.modules.get(n) for n in point.chain()}
+        had_attr = vars(parent).get(point.target)
+        try:
+            point.uninstall(parent)
+            names, modules = set(vars(parent)), set(sys.modules)
+            decision = point.decide(point.detect_runtime(parent), Controls())
+            assert decision.action == Action.PATCHED
+            assert point.install(parent, decision, point.prepare(parent, static)) is True
+            assert point.install(parent, decision, None) is False
+            assert set(vars(parent)) - names == {point.target} and set(sys.modules) - modules == set(point.chain())
+            assert all(is_ours(sys.modules[n], point.id) for n in point.chain())
+            assert point.uninstall(parent) is True and set(vars(parent)) == names and set(sys.modules) == modules
+            assert point.uninstall(parent) is False
+        finally:
+            for name, module in had.items():
+                if module is not None:
+                    sys.modules[name] = module
+            if had_attr is not None:
+                setattr(parent, point.target, had_attr)
+
+    @needs_vllm_with_it
+    def test_stays_out_where_vllm_has_the_module():
+        import vllm_compat
+
+        decisions = {d.name: d for d in vllm_compat.apply()}
+        assert decisions[point.id].action == Action.SKIPPED, decisions[point.id]
+        own = importlib.import_module(point.old_module)
+        assert not is_ours(own) and own.__file__ and "vllm_compat" not in own.__file__
+        parent = importlib.import_module(point.target_module)
+        with pytest.raises(Exception, match="never replaces a module vLLM defines"):
+            point.prepare(parent, static)
+
+    return {name: value for name, value in locals().items() if name.startswith("test_")} | {
+        "STATIC": static, "needs_missing": needs_missing}

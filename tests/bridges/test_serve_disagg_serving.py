@@ -1,0 +1,8 @@
+"""The ``serve_disagg_serving`` bridge on the real wheels (the shared checks: ``serve_stand_in_cases``)."""
+
+from __future__ import annotations
+
+from tests.bridges.serve_stand_in_cases import cases
+from vllm_compat.bridges import serve_disagg_serving as bridge
+
+globals().update(cases(bridge))

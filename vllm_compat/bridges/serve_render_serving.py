@@ -1,0 +1,41 @@
+"""Stand-in for the module ``vllm.entrypoints.serve.render.serving`` (``OpenAIServingRender``), removed in vLLM 0.25.
+
+Why: vLLM 0.25 split vLLM 0.24's ``OpenAIServingRender`` (one class rendering chat / completion requests for every
+serving) into ``vllm.renderers.online_renderer.OnlineRenderer`` / ``OnlineDerenderer`` with other constructors, and
+every vLLM serving that took ``openai_serving_render=`` now takes ``online_renderer=``. vllm-omni 0.24.0's
+``vllm_omni/entrypoints/openai/api_server.py`` imports the class at module level, so ``vllm serve --omni`` dies at
+import (``No module named 'vllm.entrypoints.serve.render'``) on 0.25+, for every model. Only its LLM-stage branch
+(``omni_init_app_state`` past the pure-diffusion return) builds one, and passes it to vLLM's own servings, whose
+0.25 constructors no longer take it: that branch cannot be bridged by a name.
+When: ``vllm.entrypoints.serve`` is imported without a ``render`` subpackage and an installed vllm-omni imports the
+module (read from its files): the package and module are registered with an ``OpenAIServingRender`` whose
+construction raises ``RemovedServingError`` naming the drift. The import works, a pure-diffusion server starts and
+serves; an LLM-stage server stops at startup with that message instead of at import. A vLLM with the module keeps it.
+Serves: vllm-omni 0.24.0 on vLLM 0.25-0.33 (its pure-diffusion server; measured on 0.25.1).
+Retire when: the oldest supported vllm-omni no longer imports ``vllm.entrypoints.serve.render.serving``.
+"""
+
+from __future__ import annotations
+
+from ._serve_module_stand_in import ModuleStandIn, raising_class
+
+OLD_MODULE = "vllm.entrypoints.serve.render.serving"
+IMPORTERS = ("vllm_omni/entrypoints/openai/api_server.py",)
+MESSAGE = (
+    "vllm-omni builds vLLM 0.24's OpenAIServingRender for a server with an LLM stage, but this vLLM (0.25+) "
+    "replaced it by vllm.renderers.online_renderer.OnlineRenderer, and its servings take online_renderer= instead. "
+    "vllm_compat provides the name only so that vllm-omni's server imports: pure-diffusion servers start, an LLM "
+    "stage does not. Serve this model with vLLM 0.24 (vllm-omni 0.24.0's own), or with a vllm-omni built for this "
+    "vLLM.")
+
+
+class ServeRenderServingStandIn(ModuleStandIn):
+    importers = IMPORTERS
+    removed_in = "0.25"
+    old_module = OLD_MODULE
+
+    def members(self) -> dict:
+        return {"OpenAIServingRender": raising_class("OpenAIServingRender", OLD_MODULE, MESSAGE)}
+
+
+DRIFT_POINT = ServeRenderServingStandIn()
