@@ -45,11 +45,17 @@ BROKEN_BESIDE_CPU_TORCH = ["torchvision", "torchaudio", "torchcodec"]
 TEST_WORKERS = ["-n", os.environ.get("VLLM_COMPAT_TEST_WORKERS", "auto"), "--dist", "loadfile"]
 
 
+def _torch(cell: dict) -> str:
+    """The cell's torch: its own ``torch`` key ("pinned": vLLM's own CUDA torch, torchvision and torchaudio kept, as
+    the serve cells need: vllm-omni's server imports both), else VLLM_COMPAT_TORCH (default the CPU build)."""
+    return cell.get("torch") or os.environ.get("VLLM_COMPAT_TORCH", "2.13.0")
+
+
 def _override_args(session: nox.Session, cell: dict) -> list[str]:
     """uv's --override file: the CPU torch (unless VLLM_COMPAT_TORCH=pinned) and the cell's own ``overrides``
     (resolver conflicts between a vLLM and a vllm-omni) and ``index_overrides`` (what this machine's index lacks),
     each with its reason in matrix/vllm.toml."""
-    torch = os.environ.get("VLLM_COMPAT_TORCH", "2.13.0")
+    torch = _torch(cell)
     lines = list(cell.get("overrides", [])) + [o["line"] for o in cell.get("index_overrides", [])]
     args = []
     if torch != "pinned":
@@ -70,7 +76,7 @@ def _install_cell(session: nox.Session, cell: dict) -> None:
     if cell.get("vllm_omni"):
         packages.append(f"vllm-omni=={cell['vllm_omni']}")
     session.install(*packages, "-e", ".[test]", *_override_args(session, cell))
-    if os.environ.get("VLLM_COMPAT_TORCH", "2.13.0") != "pinned":
+    if _torch(cell) != "pinned":
         session.run("uv", "pip", "uninstall", "--python", session.virtualenv.location, *BROKEN_BESIDE_CPU_TORCH,
                     silent=True)
 
@@ -142,7 +148,7 @@ def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
         packages = [f"vllm=={cell['vllm']}"] + ([f"vllm-omni=={cell['vllm_omni']}"] if cell.get("vllm_omni") else [])
         session.run("uv", "pip", "install", "-q", "-p", python, *packages, "-e", ".[test]",
                     *_override_args(session, cell), external=True)
-        if os.environ.get("VLLM_COMPAT_TORCH", "2.13.0") != "pinned":
+        if _torch(cell) != "pinned":
             session.run("uv", "pip", "uninstall", "-q", "-p", python, *BROKEN_BESIDE_CPU_TORCH, external=True,
                         silent=True)
     except nox.command.CommandFailed as exc:

@@ -1,0 +1,118 @@
+"""The catalogue: every drift point vllm_compat handles, as routing data, and the only list of them.
+
+One row per drift point: its id, its kind, the module that implements it and the upstream module whose import
+triggers it (and, where it has one, the attribute it acts on). Activation needs nothing else to register its
+hooks; what the drift point is for (why, which upstream shape each variant serves, when to retire it) is the
+drift-point module's docstring, the one home of that text (``docs/drift-points.md`` is generated from it).
+
+Adding a drift point is one module deriving ``vllm_compat.drift.DriftPoint`` (exporting ``DRIFT_POINT``) and one
+row here (``docs/adding-a-drift-point.md``); ``tests/patches/test_catalogue.py`` keeps the two in sync and checks
+that no other file of the package names a target. Drift-point modules never import this module: the drift point
+finds its row through ``drift.DriftPoint.entry``.
+"""
+
+# No `from __future__ import annotations`: see vllm_compat/__init__.py.
+
+KINDS = ("patch", "stand-in", "alias", "adapter")
+
+
+class Entry:
+    """One catalogue row. A plain slotted class, not a dataclass: activation loads this module in every process
+    that imports vLLM, and it must stay nearly free (dataclasses pulls in ``inspect``)."""
+
+    __slots__ = ("id", "kind", "module", "target_module", "target")
+
+    def __init__(self, id, kind, module, target_module, target=""):
+        self.id = id  # stable name used in reports and in VLLM_COMPAT_DISABLE_PATCHES
+        self.kind = kind  # "patch" (a method replaced), "stand-in" (a removed name defined), "alias", "adapter"
+        self.module = module  # the vllm_compat module that implements it
+        self.target_module = target_module  # the upstream module whose import triggers it
+        self.target = target  # the attribute inside target_module it acts on ("" where there is no single one)
+
+    def __repr__(self) -> str:
+        return f"Entry({self.id!r}, {self.kind!r}, {self.module!r}, {self.target_module!r}, {self.target!r})"
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    @property
+    def target_path(self) -> str:
+        return f"{self.target_module}.{self.target}" if self.target else self.target_module
+
+    @property
+    def provides(self) -> tuple[str, ...]:
+        """The ``module.name`` targets a bridge makes importable wherever it acts: its one target for a stand-in or
+        adapter; nothing for a patch, nor for an alias entry, whose many old paths depend on the installed vLLM and
+        are named by each of its Decisions (``Decision.provides``). Import-drift reports match their unresolved names
+        against both."""
+        return (self.target_path,) if self.kind in ("stand-in", "adapter") else ()
+
+    @property
+    def distribution(self) -> str:
+        """The distribution that ships the target module ("vllm-omni" for ``vllm_omni.*``)."""
+        return self.target_module.split(".", 1)[0].replace("_", "-")
+
+    def decision(self, action: str, reason: str, variant: str | None = None, provides: tuple[str, ...] = ()):
+        from .decide import Decision
+
+        return Decision(name=self.id, target=self.target_path, action=action, variant=variant, reason=reason,
+                        provides=provides)
+
+    @property
+    def point(self):
+        """The drift point implementing this row (its module's ``DRIFT_POINT``, imported on first use)."""
+        import importlib
+
+        return importlib.import_module(self.module).DRIFT_POINT
+
+
+PatchEntry = Entry  # the name before the catalogue moved out of patches/ (issue 23)
+
+_LOADER = "vllm_omni.diffusion.model_loader.diffusers_loader"
+_P, _B = "vllm_compat.patches.", "vllm_compat.bridges."
+
+CATALOGUE: tuple[Entry, ...] = (
+    # id                              kind        module                                  target module, target
+    Entry("diffusers_loader_meta_device", "patch", _P + "diffusers_loader", _LOADER,
+          "DiffusersPipelineLoader._process_weights_after_loading"),
+    Entry("hsdp_load_order", "patch", _P + "hsdp_load_order", _LOADER, "DiffusersPipelineLoader.load_model"),
+    Entry("routed_experts_lists", "stand-in", _B + "routed_experts_lists", "vllm.v1.outputs", "RoutedExpertsLists"),
+    Entry("input_preprocessor", "stand-in", _B + "input_preprocessor", "vllm.inputs", "preprocess"),
+    Entry("engine_startup_launch", "adapter", _B + "engine_startup_adapter", "vllm_omni.diffusion.stage_diffusion_proc",
+          "wait_for_engine_startup"),
+    Entry("engine_zmq_addresses", "stand-in", _B + "engine_zmq_addresses", "vllm.v1.engine.utils",
+          "get_engine_zmq_addresses"),
+    Entry("stage_engine_startup_launch", "adapter", _B + "stage_engine_startup_adapter",
+          "vllm_omni.engine.stage_engine_startup", "wait_for_engine_startup"),
+    Entry("fp8_copy_missing_attrs", "stand-in", _B + "fp8_copy_missing_attrs",
+          "vllm.model_executor.layers.quantization.fp8", "_copy_missing_attrs"),
+    Entry("multimodal_processing_info", "stand-in", _B + "multimodal_processing_info",
+          "vllm.multimodal.processing.processor", "MultiModalProcessingInfo"),
+    Entry("kv_cache_configs", "stand-in", _B + "kv_cache_configs", "vllm.v1.core.kv_cache_utils", "get_kv_cache_configs"),
+    Entry("moved_names", "alias", _B + "moved_names", "vllm.env_override", "<alias table>"),
+    # vllm-omni 0.24.0's server (`vllm serve --omni`) on vLLM 0.25+ (issue 24, helper H6)
+    Entry("openai_engine_serving", "alias", _B + "openai_engine_serving", "vllm.entrypoints.openai.engine", "serving"),
+    Entry("serve_render_serving", "stand-in", _B + "serve_render_serving", "vllm.entrypoints.serve", "render"),
+    Entry("serve_disagg_serving", "stand-in", _B + "serve_disagg_serving", "vllm.entrypoints.serve", "disagg"),
+)
+
+
+def entry(entry_id: str) -> Entry:
+    """The row with ``entry_id``; ``KeyError`` naming the known ids otherwise."""
+    for candidate in CATALOGUE:
+        if candidate.id == entry_id:
+            return candidate
+    raise KeyError(f"no catalogue entry {entry_id!r}; known: {', '.join(e.id for e in CATALOGUE)}")
+
+
+def entry_for_module(module: str) -> Entry:
+    """The row implemented by ``module`` (a drift-point module's ``__name__``); ``KeyError`` otherwise."""
+    for candidate in CATALOGUE:
+        if candidate.module == module:
+            return candidate
+    raise KeyError(f"no catalogue entry is implemented by {module}; add its row to vllm_compat/catalogue.py")
+
+
+def drift_point(catalogue_entry: Entry):
+    """The drift point implementing ``catalogue_entry`` (imported on first use)."""
+    return catalogue_entry.point
