@@ -16,8 +16,9 @@ def test_hook_patches_once_under_racing_threads_reload_and_revert():
         import importlib, inspect, io, json, logging, sys, threading
         stream = io.StringIO()
         handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
         logging.getLogger("vllm_compat").addHandler(handler)
-        logging.getLogger("vllm_compat").setLevel(logging.INFO)
+        logging.getLogger("vllm_compat").setLevel(logging.DEBUG)  # the per-entry lines are at DEBUG
         import vllm_compat
         from vllm_compat.patches.diffusers_loader import installed_variant
 
@@ -37,8 +38,9 @@ def test_hook_patches_once_under_racing_threads_reload_and_revert():
         original = patched.__wrapped__
         out = dict(
             variant=installed_variant(cls),
-            info_lines=stream.getvalue().count("vllm_compat: patched {LOADER}.DiffusersPipelineLoader._process_"),
-            info_lines_total=stream.getvalue().count("vllm_compat: patched"),
+            entry_lines=stream.getvalue().count("DEBUG vllm_compat: patched {LOADER}.DiffusersPipelineLoader._process_"),
+            entry_lines_total=stream.getvalue().count("DEBUG vllm_compat: patched"),
+            info=[line for line in stream.getvalue().splitlines() if line.startswith("INFO")],
             patched_total=sum(d.action == "patched" for d in vllm_compat.apply()),
             name=patched.__name__, doc=patched.__doc__ == original.__doc__,
             signature=str(inspect.signature(patched)) == str(inspect.signature(original)),
@@ -61,8 +63,9 @@ def test_hook_patches_once_under_racing_threads_reload_and_revert():
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.split("RESULT", 1)[1])
     assert out["variant"] == "meta_safe" and out["decisions"][0]["action"] == "patched"
-    assert out["info_lines"] == 1
-    assert out["info_lines_total"] == out["patched_total"]  # one INFO line per patched entry, however often
+    assert out["entry_lines"] == 1
+    assert out["entry_lines_total"] == out["patched_total"]  # one DEBUG line per patched entry, however often
+    assert len(out["info"]) == 1 and "diffusers_loader_meta_device (meta_safe)" in out["info"][0], out["info"]
     assert out["name"] == "_process_weights_after_loading" and out["doc"] and out["signature"]
     assert out["reverted_exact"] is True
     assert out["after_revert_reload"] is None
@@ -152,6 +155,46 @@ def test_invalid_variant_fails_the_import_loudly_then_a_valid_one_patches():
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ERROR VLLM_COMPAT_LOADER_VARIANT='fastest' is not a loader variant" in result.stdout
     assert "VARIANT legacy" in result.stdout  # forced: patched whatever the loader shape
+
+
+@needs_omni
+def test_a_worker_logs_at_most_one_info_line_and_every_entry_at_debug():
+    """What a vllm-omni worker goes through: ``import vllm_omni`` (the startup hook's bridges), vLLM's and
+    vllm-omni's plugin loading (our entry point), the diffusion loader's import and its worker module's (which may
+    stop here on a name no bridge provides). vLLM users read these logs in every process: one INFO line."""
+    result = run_python(
+        f"""
+        import importlib, json, logging
+        records = []
+        class Keep(logging.Handler):
+            def emit(self, record):
+                records.append((record.levelname, record.getMessage()))
+        logging.getLogger("vllm_compat").addHandler(Keep())
+        logging.getLogger("vllm_compat").setLevel(logging.DEBUG)
+        import vllm_omni
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+        from vllm_omni.plugins import load_omni_general_plugins
+        load_omni_general_plugins()
+        importlib.import_module("{LOADER}")
+        try:
+            importlib.import_module("vllm_omni.diffusion.worker.diffusion_worker")
+        except Exception:
+            pass
+        import vllm_compat
+        decided = [d.name for d in vllm_compat.current_decisions() if d.action != "pending"]
+        print("RESULT" + json.dumps(dict(records=records, decided=decided)))
+        """,
+        warm=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.split("RESULT", 1)[1])
+    info = [message for level, message in out["records"] if level == "INFO"]
+    debug = [message for level, message in out["records"] if level == "DEBUG"]
+    assert len(info) <= 1, info
+    assert len(debug) + sum(level == "WARNING" for level, _ in out["records"]) >= len(out["decided"]), out
+    if info:
+        assert info[0].startswith("vllm_compat: patched or bridged"), info
 
 
 def test_apply_without_vllm_omni_loaded_is_pending_and_imports_nothing():

@@ -34,7 +34,7 @@ def test_invalid_value_names_variable_value_and_allowed_values(name, value, allo
 
 
 def test_disable_patches_takes_catalogue_ids_and_rejects_unknown_ones():
-    from vllm_compat.patches import CATALOGUE
+    from vllm_compat.catalogue import CATALOGUE
 
     ids = [entry.id for entry in CATALOGUE]
     controls = read_controls({"VLLM_COMPAT_DISABLE_PATCHES": f" {ids[0]} , {ids[-1]},"})

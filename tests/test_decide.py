@@ -4,11 +4,11 @@ from dataclasses import replace
 
 import pytest
 
+from vllm_compat.catalogue import entry
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action
+from vllm_compat.decide import Action, decide_entry
 from vllm_compat.detect.model import LoaderKind, LoaderShape, Param, VllmCapabilities
 from vllm_compat.detect.static import detect_static
-from vllm_compat.patches import decide_entry, entry
 
 LOADER = entry("diffusers_loader_meta_device")
 

@@ -4,10 +4,11 @@ the catalogue alike.
 Idempotent and thread-safe by construction: detection runs outside the lock (it may import modules); the
 decision, the install and the bookkeeping run under one lock, and an entry's ``install`` is a no-op when the
 same thing is already in place. However often a hook fires, plugins load or ``apply()`` runs, a process ends
-with one patch per target and one INFO line per decision on logger ``vllm_compat``.
+with one patch per target, one INFO line on logger ``vllm_compat`` (what it patched or bridged, with ids) and
+the per-entry lines at DEBUG.
 
 Nothing here knows a target: module, owner, facts and install all come from the drift point's module, found
-through its catalogue entry (``vllm_compat.patches``).
+through its catalogue row (``vllm_compat.catalogue``).
 """
 
 # No `from __future__ import annotations`: see vllm_compat/__init__.py.
@@ -15,7 +16,7 @@ through its catalogue entry (``vllm_compat.patches``).
 import _thread  # not threading: `import vllm_compat` imports this module and must stay cheap
 import sys
 
-from .patches.catalogue import CATALOGUE
+from .catalogue import CATALOGUE
 
 _lock = _thread.RLock()
 _decisions: dict = {}  # entry id -> latest Decision in this process
@@ -24,6 +25,8 @@ _suspended = False  # set by revert(): the hooks record instead of patching unti
 
 
 def _record(decision, owner=None) -> None:
+    """Keep ``decision`` and log it: per entry at DEBUG (a refusal at WARNING), and what vllm_compat changed in the
+    process in one INFO line (``_summarize_once``)."""
     _decisions[decision.name] = decision
     from .hooks import shared_state
 
@@ -35,9 +38,58 @@ def _record(decision, owner=None) -> None:
     import logging  # not at module level: `import vllm_compat` imports this module and must stay cheap
 
     logger = logging.getLogger("vllm_compat")
-    level = logging.WARNING if decision.action == "refused" else logging.INFO
+    level = logging.WARNING if decision.action == "refused" else logging.DEBUG
     logger.log(level, "vllm_compat: %s %s%s: %s", decision.action, decision.target,
                f" ({decision.variant} variant)" if decision.variant else "", decision.reason)
+    if decision.action == "patched":
+        _summarize_once()
+
+
+def _summarize_once() -> None:
+    """The one INFO line of a process: what vllm_compat patched or bridged, with ids. Logged once, when the first
+    entry is installed; where that happens inside an import of vLLM or vllm-omni, once that outermost import has
+    finished (``_on_served_package_imported``), so the line names everything the import installed. Later installs
+    are at DEBUG."""
+    from .hooks import shared_state
+
+    shared_state("summary", dict)["due"] = True
+    if not _any_served_package_mid_import():
+        _log_summary()
+
+
+def _any_served_package_mid_import() -> bool:
+    from . import SERVED_PACKAGES
+    from .hooks import _is_initialized
+
+    return any(sys.modules.get(name) is not None and not _is_initialized(sys.modules[name])
+               for name in SERVED_PACKAGES)
+
+
+def _on_served_package_imported(_module) -> None:
+    """Post-import hook of vllm and vllm_omni: the summary that came due during their import is logged now."""
+    from .hooks import shared_state
+
+    if shared_state("summary", dict).get("due") and not _any_served_package_mid_import():
+        _log_summary()
+
+
+def _log_summary() -> None:
+    from .hooks import shared_state
+
+    state = shared_state("summary", dict)
+    if state.get("logged"):
+        return
+    state["logged"] = True
+    import logging
+
+    with _lock:
+        decisions = list(_decisions.values())
+    changed = [f"{d.name}" + (f" ({d.variant})" if d.variant else "") for d in decisions if d.action == "patched"]
+    refused = [d.name for d in decisions if d.action == "refused"]
+    logging.getLogger("vllm_compat").info(
+        "vllm_compat: patched or bridged %d drift point(s): %s%s (per entry at DEBUG on logger vllm_compat; "
+        "`vllm-compat doctor` shows all)", len(changed), ", ".join(changed),
+        f"; refused {', '.join(refused)}" if refused else "")
 
 
 def activate_entry(entry, module, controls=None):
@@ -48,12 +100,12 @@ def activate_entry(entry, module, controls=None):
     never dies because of the shim. A "disabled" decision also takes out what was installed earlier.
     """
     from .config import read_controls
-    from .decide import Action
+    from .decide import Action, decide_entry
     from .errors import PatchRefusedError
-    from .patches import decide_entry, drift_point
 
     controls = controls or read_controls()
-    point = drift_point(entry)
+    point = entry.point
+    point.check_controls(controls)  # a bad switch is the user's error to see, not a refusal
     owner = point.locate(module)
     settled = _settled_decision(entry, point, owner, controls)
     if settled is not None:
@@ -126,6 +178,10 @@ def install_import_hook() -> None:
 
     for entry in CATALOGUE:
         register_post_import_hook(entry.target_module, _HOOKS[entry.id])
+    from . import SERVED_PACKAGES
+
+    for package in SERVED_PACKAGES:
+        register_post_import_hook(package, _on_served_package_imported)
 
 
 def _loaded(name: str):
@@ -136,9 +192,8 @@ def _loaded(name: str):
 
 
 def _pending_decision(entry, controls):
-    from .decide import Action
+    from .decide import Action, disabled_decision
     from .detect.versions import installed_version
-    from .patches import disabled_decision
 
     disabled = disabled_decision(entry, controls)
     if disabled is not None:
@@ -182,15 +237,14 @@ def revert() -> list:
     """Put back exactly what every entry replaced and stop the hooks from patching until ``apply()`` runs
     again. Returns the Decisions as they stand afterwards."""
     global _suspended
-    from .patches import drift_point
 
     with _lock:
         _suspended = True
         _settled.clear()
         for entry in CATALOGUE:
             module = _loaded(entry.target_module)
-            owner = drift_point(entry).locate(module) if module is not None else None
-            if owner is not None and drift_point(entry).uninstall(owner):
+            owner = entry.point.locate(module) if module is not None else None
+            if owner is not None and entry.point.uninstall(owner):
                 previous = _decisions.get(entry.id)
                 if previous is not None:  # None: installed by another copy of vllm_compat in this process
                     _decisions[entry.id] = _suspended_decision(previous)

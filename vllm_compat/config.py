@@ -76,7 +76,7 @@ def read_controls(environ: Mapping[str, str] | None = None) -> Controls:
 
 
 def _read_patch_ids(environ: Mapping[str, str]) -> frozenset:
-    from .patches.catalogue import CATALOGUE
+    from .catalogue import CATALOGUE
 
     raw = environ.get(DISABLE_PATCHES_VAR, "")
     ids = frozenset(part.strip() for part in raw.split(",") if part.strip())

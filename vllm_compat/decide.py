@@ -1,8 +1,8 @@
 """Decisions: what vllm_compat does about one catalogue entry, and why.
 
-Each drift point decides in its own module (``vllm_compat.patches.<module>.decide``), as a pure function of its
-facts and the user's controls: no I/O, no imports, so the static doctor and the live hook reach the same
-answer from the same facts. ``patches.decide_entry`` applies the controls every entry shares first.
+Each drift point decides itself (``DriftPoint.decide``), as a pure function of its facts and the user's controls:
+no I/O, no imports, so the static doctor and the live hook reach the same answer from the same facts.
+``decide_entry`` applies the controls every entry shares first; ``plan`` decides every catalogue entry from files.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Decision:
     variant: str | None
     reason: str
     # The ``module.name`` paths this decision makes importable, where they depend on the installed vLLM (an alias
-    # entry's); empty for every other entry, whose catalogue row names its one target (``PatchEntry.provides``).
+    # entry's); empty for every other entry, whose catalogue row names its one target (``catalogue.Entry.provides``).
     provides: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
@@ -38,3 +38,32 @@ class Decision:
         else:
             data["provides"] = list(self.provides)
         return data
+
+
+def disabled_decision(entry, controls):
+    """The "disabled" Decision when ``VLLM_COMPAT_DISABLE`` or ``VLLM_COMPAT_DISABLE_PATCHES`` turns ``entry`` (a
+    catalogue row) off, else None."""
+    if controls.disabled:
+        return entry.decision(Action.DISABLED, DISABLED_REASON)
+    if entry.id in controls.disabled_patches:
+        return entry.decision(Action.DISABLED, f"{entry.id} is listed in VLLM_COMPAT_DISABLE_PATCHES")
+    return None
+
+
+def decide_entry(entry, facts, controls):
+    """``entry``'s decision: "disabled" when the controls say so, else what its drift point decides from ``facts``."""
+    return disabled_decision(entry, controls) or entry.point.decide(facts, controls)
+
+
+def plan(site, controls) -> list:
+    """``(entry, static facts, Decision)`` for every catalogue entry, from files only (``site`` is a
+    ``detect.static.StaticSite``): what the hooks will do once the targets are imported."""
+    from .catalogue import CATALOGUE
+
+    planned = []
+    for entry in CATALOGUE:
+        # site.facts: the installed site answers from its on-disk cache when the files are those it read before
+        facts = site.facts(entry.id, entry.point.detect_static)
+        planned.append((entry, facts, decide_entry(entry, facts, controls)))
+    site.save()
+    return planned

@@ -261,7 +261,7 @@ def build_report(runtime: bool = False) -> Report:
     from .activate import apply, current_decisions
     from .config import read_controls
     from .detect.static import StaticSite
-    from .patches import plan
+    from .decide import plan
 
     site = StaticSite.installed()
     planned = plan(site, read_controls())
@@ -287,19 +287,17 @@ def _runtime_mismatches(planned) -> list[str]:
     """Every entry whose target is imported: its static facts against the live ones."""
     import sys
 
-    from .patches import drift_point
-
     mismatches = []
     for entry, static_facts, _ in planned:
         module = sys.modules.get(entry.target_module)
         if module is None:
             continue
-        point = drift_point(entry)
+        point = entry.point
         mismatches += [f"{entry.id}: {m}" for m in point.compare(static_facts, point.detect_runtime(module))]
     return mismatches
 
 
 def _catalogue_rows() -> list[dict]:
-    from .patches import CATALOGUE
+    from .catalogue import CATALOGUE
 
     return [entry.to_dict() for entry in CATALOGUE]

@@ -25,13 +25,12 @@ from vllm_compat.bridges import engine_startup_adapter as adapter
 from vllm_compat.bridges import is_ours
 from vllm_compat.bridges.engine_startup_adapter import CallShape, CallShapes
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action
+from vllm_compat.decide import Action, decide_entry
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.errors import PatchRefusedError
-from vllm_compat.patches import decide_entry
 
-STATIC = adapter.detect_static(StaticSite.installed())
-CALLER = adapter.ENTRY.target_module
+STATIC = adapter.DRIFT_POINT.detect_static(StaticSite.installed())
+CALLER = adapter.DRIFT_POINT.entry.target_module
 _SHAPES = f"here: vLLM takes {STATIC.callee}, {CALLER} calls {STATIC.caller}"
 needs_shapes_to_adapt = pytest.mark.skipif(
     (STATIC.callee, STATIC.caller) != (CallShape.LAUNCH, CallShape.ADDRESSES),
@@ -89,10 +88,10 @@ def _vllm_function():
 )
 def test_decision_table(callee, caller_shape, action):
     shapes = CallShapes(callee, caller_shape)
-    decision = adapter.decide(shapes, Controls())
+    decision = adapter.DRIFT_POINT.decide(shapes, Controls())
     assert decision.action == action
     assert (decision.variant == adapter.VARIANT) == (action == Action.PATCHED)
-    assert decide_entry(adapter.ENTRY, shapes, Controls(disabled_patches=frozenset({adapter.ENTRY.id}))).action == (
+    assert decide_entry(adapter.DRIFT_POINT.entry, shapes, Controls(disabled_patches=frozenset({adapter.DRIFT_POINT.entry.id}))).action == (
         Action.DISABLED)
 
 
@@ -126,8 +125,8 @@ def test_shapes_the_adapter_does_not_know_are_unknown():
 def test_static_and_runtime_shapes_agree_and_match_the_live_signature(caller):
     import inspect
 
-    runtime = adapter.detect_runtime(caller)
-    assert adapter.compare(STATIC, runtime) == []
+    runtime = adapter.DRIFT_POINT.detect_runtime(caller)
+    assert adapter.DRIFT_POINT.compare(STATIC, runtime) == []
     assert runtime.caller == CallShape.ADDRESSES, runtime  # vllm-omni 0.24.0's calls (the only release that has them)
     assert runtime.calls and all("8 positional" in call for call in runtime.calls), runtime.calls
     live = tuple(inspect.signature(_vllm_function()).parameters)
@@ -203,7 +202,7 @@ def _finish(manager, conn):
 @needs_omni
 @needs_shapes_to_adapt
 def test_unpatched_stage_startup_raises_the_type_error(caller):
-    adapter.uninstall(caller)
+    adapter.DRIFT_POINT.uninstall(caller)
     try:
         assert caller.wait_for_engine_startup is _vllm_function()  # vLLM 0.30's own, unpatched
         manager, address, conn = _start_stage(caller)
@@ -224,7 +223,7 @@ def test_stage_startup_completes_the_handshake_as_natively(caller, monkeypatch):
     seen = []
     if STATIC.callee == CallShape.LAUNCH:
         installed = caller.wait_for_engine_startup
-        assert is_ours(installed, adapter.ENTRY.id) and installed.__wrapped__ is _vllm_function()
+        assert is_ours(installed, adapter.DRIFT_POINT.entry.id) and installed.__wrapped__ is _vllm_function()
         real = _vllm_function()
 
         def spy(*args, **kwargs):  # between the adapter and vLLM's real function
@@ -233,7 +232,7 @@ def test_stage_startup_completes_the_handshake_as_natively(caller, monkeypatch):
 
         from vllm.v1.engine import utils
 
-        monkeypatch.setattr(caller, adapter.NAME, adapter.make_adapter(spy, utils.CoreEngineLaunch,
+        monkeypatch.setattr(caller, adapter.NAME, adapter.DRIFT_POINT.make_adapter(spy, utils.CoreEngineLaunch,
                                                                         utils.CoreEngineProcManager))
     manager, address, conn = _start_stage(caller)
     try:
@@ -297,7 +296,7 @@ def _real_stage_startup(caller, model_dir):
 @needs_omni
 @needs_shapes_to_adapt
 def test_unpatched_real_stage_startup_raises_the_type_error(caller, tmp_path):
-    adapter.uninstall(caller)
+    adapter.DRIFT_POINT.uninstall(caller)
     try:
         raised = _real_stage_startup(caller, tmp_path)
     finally:
@@ -323,10 +322,10 @@ def test_real_stage_startup_without_a_model_fails_as_natively(caller, tmp_path):
 def test_installed_on_import_and_uninstall_restores_the_exact_original(caller):
     original = _vllm_function()
     decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[adapter.ENTRY.id].action == Action.PATCHED
-    assert decisions[adapter.ENTRY.id].variant == adapter.VARIANT
+    assert decisions[adapter.DRIFT_POINT.entry.id].action == Action.PATCHED
+    assert decisions[adapter.DRIFT_POINT.entry.id].variant == adapter.VARIANT
     installed = caller.wait_for_engine_startup
-    assert is_ours(installed, adapter.ENTRY.id) and installed.__wrapped__ is original
+    assert is_ours(installed, adapter.DRIFT_POINT.entry.id) and installed.__wrapped__ is original
     import inspect
 
     assert tuple(inspect.signature(installed).parameters) == adapter.ADDRESSES_PARAMS
@@ -335,10 +334,10 @@ def test_installed_on_import_and_uninstall_restores_the_exact_original(caller):
     try:
         vllm_compat.revert()
         assert caller.wait_for_engine_startup is original
-        assert adapter.uninstall(caller) is False
+        assert adapter.DRIFT_POINT.uninstall(caller) is False
     finally:
         vllm_compat.apply()
-    assert is_ours(caller.wait_for_engine_startup, adapter.ENTRY.id)
+    assert is_ours(caller.wait_for_engine_startup, adapter.DRIFT_POINT.entry.id)
 
 
 @needs_omni
@@ -346,14 +345,14 @@ def test_installed_on_import_and_uninstall_restores_the_exact_original(caller):
 def test_refuses_a_binding_that_is_not_vllms_function(caller, monkeypatch):
     monkeypatch.setattr(caller, adapter.NAME, lambda *args: None)
     with pytest.raises(PatchRefusedError, match=r"is <function .*<lambda>.*not vllm\.v1\.engine\.utils"):
-        adapter.prepare(caller, adapter.detect_runtime(caller))
+        adapter.DRIFT_POINT.prepare(caller, adapter.DRIFT_POINT.detect_runtime(caller))
 
 
 @needs_omni
 @needs_matching_old_shapes
 def test_stays_out_where_the_shapes_already_match(caller):
     decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[adapter.ENTRY.id].action == Action.SKIPPED
-    assert "the way this vLLM takes it" in decisions[adapter.ENTRY.id].reason
+    assert decisions[adapter.DRIFT_POINT.entry.id].action == Action.SKIPPED
+    assert "the way this vLLM takes it" in decisions[adapter.DRIFT_POINT.entry.id].reason
     assert caller.wait_for_engine_startup is _vllm_function()
-    assert adapter.uninstall(caller) is False
+    assert adapter.DRIFT_POINT.uninstall(caller) is False

@@ -23,12 +23,11 @@ from vllm_compat.bridges import HostKind, is_ours
 from vllm_compat.bridges import engine_zmq_addresses as stand_in
 from vllm_compat.bridges.engine_zmq_addresses import Shape, ZmqAddressesFacts
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action
+from vllm_compat.decide import Action, decide_entry
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.errors import PatchRefusedError
-from vllm_compat.patches import decide_entry
 
-STATIC = stand_in.detect_static(StaticSite.installed())
+STATIC = stand_in.DRIFT_POINT.detect_static(StaticSite.installed())
 IMPORTER = "vllm_omni.engine.stage_engine_startup"
 _HERE = f"here: vLLM {STATIC.host} the name; vllm-omni importers {list(STATIC.importers)}"
 needs_stand_in = pytest.mark.skipif(
@@ -64,7 +63,7 @@ def _config(kind):
 
 @pytest.fixture(scope="module")
 def utils():
-    module = importlib.import_module(stand_in.ENTRY.target_module)
+    module = importlib.import_module(stand_in.DRIFT_POINT.entry.target_module)
     vllm_compat.apply()
     return module
 
@@ -87,9 +86,9 @@ def utils():
          "files-cannot-tell"],
 )
 def test_decision_table(facts, action):
-    assert stand_in.decide(facts, Controls()).action == action
-    disabled = Controls(disabled_patches=frozenset({stand_in.ENTRY.id}))
-    assert decide_entry(stand_in.ENTRY, facts, disabled).action == Action.DISABLED
+    assert stand_in.DRIFT_POINT.decide(facts, Controls()).action == action
+    disabled = Controls(disabled_patches=frozenset({stand_in.DRIFT_POINT.entry.id}))
+    assert decide_entry(stand_in.DRIFT_POINT.entry, facts, disabled).action == Action.DISABLED
 
 
 def test_shapes_the_stand_in_does_not_know_are_unknown():
@@ -120,11 +119,11 @@ def test_shapes_the_stand_in_does_not_know_are_unknown():
             imports = "from vllm.v1.engine.utils import get_engine_zmq_addresses as get\n"
             return imports + self.body if relpath == stand_in.IMPORTERS[0] else None
 
-    assert stand_in._callers(Tree("get(c)\nget(c, 2)\nget(c, num_api_servers=2)\nself.get(c, 1, 2)\n"))[0] == (
+    assert stand_in.DRIFT_POINT.callers(Tree("get(c)\nget(c, 2)\nget(c, num_api_servers=2)\nself.get(c, 1, 2)\n"))[0] == (
         Shape.KNOWN)
-    assert stand_in._callers(Tree("get(c, defer_api_server_ports=False)\n"))[0] == Shape.UNKNOWN
-    assert stand_in._callers(Tree("get(*args)\n"))[0] == Shape.UNKNOWN
-    assert stand_in._callers(Tree("get(c, 1, True)\n"))[0] == Shape.UNKNOWN
+    assert stand_in.DRIFT_POINT.callers(Tree("get(c, defer_api_server_ports=False)\n"))[0] == Shape.UNKNOWN
+    assert stand_in.DRIFT_POINT.callers(Tree("get(*args)\n"))[0] == Shape.UNKNOWN
+    assert stand_in.DRIFT_POINT.callers(Tree("get(c, 1, True)\n"))[0] == Shape.UNKNOWN
 
 
 @needs_omni
@@ -139,8 +138,8 @@ def test_vllm_omnis_calls_are_the_one_measured():
 
 @needs_vllm
 def test_static_and_runtime_facts_agree(utils):
-    runtime = stand_in.detect_runtime(utils)
-    assert stand_in.compare(STATIC, runtime) == []
+    runtime = stand_in.DRIFT_POINT.detect_runtime(utils)
+    assert stand_in.DRIFT_POINT.compare(STATIC, runtime) == []
     if STATIC.host == HostKind.DEFINES:
         expected = Shape.ABSENT  # nothing to stand in for
     else:  # replaced (vLLM 0.32+), or older than both names (vLLM 0.16): no replacement to build on, so refused
@@ -159,7 +158,7 @@ def test_returns_what_the_old_function_returned(utils, kind, num_api_servers):
         pytest.skip(f"the table is what vLLM {ORACLE_FLOOR}-0.31 returned (the vLLMs vllm-omni 0.24.0 was built "
                     f"for); vLLM {VLLM_VERSION}'s own {stand_in.NAME} predates it (it binds real TCP ports)")
     function = utils.get_engine_zmq_addresses
-    assert is_ours(function, stand_in.ENTRY.id) == (STATIC.host == HostKind.LACKS)
+    assert is_ours(function, stand_in.DRIFT_POINT.entry.id) == (STATIC.host == HostKind.LACKS)
     config = _config(kind)
     result = function(config, num_api_servers) if num_api_servers != 1 else function(config)
     assert type(result) is utils.EngineZmqAddresses
@@ -185,35 +184,35 @@ def test_unpatched_the_importer_raises_import_error_and_imports_with_the_stand_i
     torchvision (absent here, the matrix uninstalls it; vllm-omni 0.30.0 on vLLM 0.30 stops there too)."""
     code = (f"import sys, vllm_compat\n"
             f"try:\n    import {IMPORTER} as m\nexcept ImportError as exc:\n    print('ImportError:', exc)\n"
-            f"else:\n    print('imported', getattr(m.{stand_in.NAME}, '_vllm_compat_stand_in', None))\n"
-            f"print('in place', getattr(getattr(sys.modules.get({stand_in.ENTRY.target_module!r}), "
-            f"{stand_in.NAME!r}, None), '_vllm_compat_stand_in', None))\n")
-    unpatched = run_python(code, env={"VLLM_COMPAT_DISABLE_PATCHES": stand_in.ENTRY.id}, timeout=400, warm=True)
+            f"else:\n    print('imported', getattr(m.{stand_in.NAME}, '_vllm_compat_installed', None))\n"
+            f"print('in place', getattr(getattr(sys.modules.get({stand_in.DRIFT_POINT.entry.target_module!r}), "
+            f"{stand_in.NAME!r}, None), '_vllm_compat_installed', None))\n")
+    unpatched = run_python(code, env={"VLLM_COMPAT_DISABLE_PATCHES": stand_in.DRIFT_POINT.entry.id}, timeout=400, warm=True)
     assert unpatched.returncode == 0, unpatched.stderr[-3000:]
-    assert (f"ImportError: cannot import name '{stand_in.NAME}' from '{stand_in.ENTRY.target_module}'"
+    assert (f"ImportError: cannot import name '{stand_in.NAME}' from '{stand_in.DRIFT_POINT.entry.target_module}'"
             in unpatched.stdout), unpatched.stdout[-2000:]
     patched = run_python(code, timeout=400, warm=True)
     assert patched.returncode == 0, patched.stderr[-3000:]
     outcome = [line for line in patched.stdout.splitlines()
                if line.startswith(("imported ", "ImportError:", "in place "))]
-    outcomes = [[f"imported {stand_in.ENTRY.id}", f"in place {stand_in.ENTRY.id}"]]
+    outcomes = [[f"imported {stand_in.DRIFT_POINT.entry.id}", f"in place {stand_in.DRIFT_POINT.entry.id}"]]
     if importlib.util.find_spec("torchvision") is None:
-        outcomes.append(["ImportError: No module named 'torchvision'", f"in place {stand_in.ENTRY.id}"])
+        outcomes.append(["ImportError: No module named 'torchvision'", f"in place {stand_in.DRIFT_POINT.entry.id}"])
     assert outcome in outcomes, patched.stdout[-2000:]
 
 
 @needs_stand_in
 def test_installed_on_import_and_revert_removes_it(utils):
     decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[stand_in.ENTRY.id].action == Action.PATCHED, decisions[stand_in.ENTRY.id]
+    assert decisions[stand_in.DRIFT_POINT.entry.id].action == Action.PATCHED, decisions[stand_in.DRIFT_POINT.entry.id]
     installed = utils.get_engine_zmq_addresses
-    assert installed is stand_in.get_engine_zmq_addresses and is_ours(installed, stand_in.ENTRY.id)
+    assert installed is stand_in.get_engine_zmq_addresses and is_ours(installed, stand_in.DRIFT_POINT.entry.id)
     vllm_compat.apply()
     assert utils.get_engine_zmq_addresses is installed  # idempotent
     try:
         vllm_compat.revert()
         assert stand_in.NAME not in vars(utils)
-        assert stand_in.uninstall(utils) is False
+        assert stand_in.DRIFT_POINT.uninstall(utils) is False
     finally:
         vllm_compat.apply()
     assert utils.get_engine_zmq_addresses is installed
@@ -237,16 +236,16 @@ def test_calls_vllms_replacement_at_call_time(utils, monkeypatch):
 def test_refuses_a_replacement_of_another_shape(utils, monkeypatch):
     monkeypatch.setattr(utils, "get_engine_zmq_bind_addresses", lambda vllm_config: None)
     with pytest.raises(PatchRefusedError, match=r"get_engine_zmq_bind_addresses takes \('vllm_config',\)"):
-        stand_in.prepare(utils, stand_in.detect_runtime(utils))
+        stand_in.DRIFT_POINT.prepare(utils, stand_in.DRIFT_POINT.detect_runtime(utils))
 
 
 @needs_vllms_own
 def test_stays_out_where_vllm_has_it(utils):
     decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[stand_in.ENTRY.id].action == Action.SKIPPED
-    assert "its own is used" in decisions[stand_in.ENTRY.id].reason
+    assert decisions[stand_in.DRIFT_POINT.entry.id].action == Action.SKIPPED
+    assert "its own is used" in decisions[stand_in.DRIFT_POINT.entry.id].reason
     own = utils.get_engine_zmq_addresses
-    assert own.__module__ == stand_in.ENTRY.target_module and not is_ours(own)
+    assert own.__module__ == stand_in.DRIFT_POINT.entry.target_module and not is_ours(own)
     with pytest.raises(PatchRefusedError, match="never replaces a name vLLM defines"):
-        stand_in.prepare(utils, stand_in.detect_runtime(utils))
-    assert stand_in.uninstall(utils) is False and utils.get_engine_zmq_addresses is own
+        stand_in.DRIFT_POINT.prepare(utils, stand_in.DRIFT_POINT.detect_runtime(utils))
+    assert stand_in.DRIFT_POINT.uninstall(utils) is False and utils.get_engine_zmq_addresses is own

@@ -13,15 +13,14 @@ from conftest import needs_startup_hook, needs_vllm, run_python
 from vllm_compat.bridges import HostKind, StandInFacts, host_lookup, is_ours
 from vllm_compat.bridges import fp8_copy_missing_attrs as bridge
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action
+from vllm_compat.decide import Action, decide_entry
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.errors import PatchRefusedError
-from vllm_compat.patches import decide_entry
 
 SITE = StaticSite.installed()
-STATIC = bridge.detect_static(SITE)
-TARGET = bridge.ENTRY.target_path
-FP8 = bridge.ENTRY.target_module
+STATIC = bridge.DRIFT_POINT.detect_static(SITE)
+TARGET = bridge.DRIFT_POINT.entry.target_path
+FP8 = bridge.DRIFT_POINT.entry.target_module
 CONFIGS = ("vllm_omni.quantization.int8_config", "vllm_omni.quantization.mxfp8_config",
            "vllm_omni.quantization.mxfp4_config")
 # The quant configs' other fp8 name: vLLM's own up to 0.27, bridged by moved_names on 0.28+.
@@ -96,15 +95,15 @@ def run_scenario(copy) -> dict:
     ids=["lacks+imported", "lacks+unused", "defines", "no-module", "no-vllm", "unknown"],
 )
 def test_decision_table(facts, action):
-    assert bridge.decide(facts, Controls()).action == action
-    assert decide_entry(bridge.ENTRY, facts, Controls(disabled_patches=frozenset({bridge.ENTRY.id}))).action == (
+    assert bridge.DRIFT_POINT.decide(facts, Controls()).action == action
+    assert decide_entry(bridge.DRIFT_POINT.entry, facts, Controls(disabled_patches=frozenset({bridge.DRIFT_POINT.entry.id}))).action == (
         Action.DISABLED)
 
 
 @needs_vllm
 def test_static_and_runtime_facts_agree():
     module = importlib.import_module(FP8)
-    assert bridge.compare(STATIC, bridge.detect_runtime(module)) == []
+    assert bridge.DRIFT_POINT.compare(STATIC, bridge.DRIFT_POINT.detect_runtime(module)) == []
 
 
 @needs_missing_name
@@ -126,7 +125,7 @@ def test_unpatched_entry_quant_configs_fail_with_the_real_import_error():
                 out[name] = "IMPORTED"
         print("RESULT", json.dumps(out))
         """,
-        env={"VLLM_COMPAT_DISABLE_PATCHES": bridge.ENTRY.id},
+        env={"VLLM_COMPAT_DISABLE_PATCHES": bridge.DRIFT_POINT.entry.id},
         warm=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -182,8 +181,8 @@ fp8 = sys.modules[{FP8!r}]
 copy = fp8._copy_missing_attrs
 out = dict(
     same=[config._copy_missing_attrs is copy for config in configs],
-    mark=copy._vllm_compat_stand_in,
-    decision=[d.action for d in vllm_compat.current_decisions() if d.name == {bridge.ENTRY.id!r}],
+    mark=copy._vllm_compat_installed,
+    decision=[d.action for d in vllm_compat.current_decisions() if d.name == {bridge.DRIFT_POINT.entry.id!r}],
     scenario=scenario(configs[0]._copy_missing_attrs),
 )
 before = set(vars(fp8))
@@ -201,7 +200,7 @@ print("RESULT", json.dumps(out))
     # revert() takes out every bridge: on vLLM 0.28+ also moved_names' CopyNumelCounter alias, nothing of vLLM's
     also_bridged = ["CopyNumelCounter"] if COUNTER_LACKING else []
     assert out == {
-        "same": [True, True, True], "mark": bridge.ENTRY.id, "decision": ["patched"], "scenario": SCENARIO_RESULT,
+        "same": [True, True, True], "mark": bridge.DRIFT_POINT.entry.id, "decision": ["patched"], "scenario": SCENARIO_RESULT,
         "removed": sorted([bridge.NAME, *also_bridged]), "added": [], "back": True,
     }
 
@@ -211,16 +210,16 @@ def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
     module = importlib.import_module(FP8)  # vllm_compat's hook (pytest plugin) ran
     had = vars(module).get(bridge.NAME)
     try:
-        bridge.uninstall(module)
+        bridge.DRIFT_POINT.uninstall(module)
         names = set(vars(module))
-        decision = bridge.decide(bridge.detect_runtime(module), Controls())
+        decision = bridge.DRIFT_POINT.decide(bridge.DRIFT_POINT.detect_runtime(module), Controls())
         assert decision.action == Action.PATCHED
-        assert bridge.install(module, decision, bridge.prepare(module, STATIC)) is True
-        assert bridge.install(module, decision, None) is False  # already there: a no-op
-        assert set(vars(module)) - names == {bridge.NAME} and is_ours(module._copy_missing_attrs, bridge.ENTRY.id)
+        assert bridge.DRIFT_POINT.install(module, decision, bridge.DRIFT_POINT.prepare(module, STATIC)) is True
+        assert bridge.DRIFT_POINT.install(module, decision, None) is False  # already there: a no-op
+        assert set(vars(module)) - names == {bridge.NAME} and is_ours(module._copy_missing_attrs, bridge.DRIFT_POINT.entry.id)
         assert run_scenario(module._copy_missing_attrs) == SCENARIO_RESULT
-        assert bridge.uninstall(module) is True and set(vars(module)) == names
-        assert bridge.uninstall(module) is False
+        assert bridge.DRIFT_POINT.uninstall(module) is True and set(vars(module)) == names
+        assert bridge.DRIFT_POINT.uninstall(module) is False
     finally:
         if had is not None:
             setattr(module, bridge.NAME, had)
@@ -232,10 +231,10 @@ def test_refuses_where_set_weight_attrs_has_another_shape(monkeypatch):
     utils = importlib.import_module(bridge.HELPER_MODULE)
     monkeypatch.setattr(utils, bridge.HELPER, lambda weight, attrs, *, overwrite=False: None)
     with pytest.raises(PatchRefusedError, match=r"takes \('weight', 'attrs', 'overwrite'\), expected"):
-        bridge.prepare(module, STATIC)
+        bridge.DRIFT_POINT.prepare(module, STATIC)
     monkeypatch.delattr(utils, bridge.HELPER)
     with pytest.raises(PatchRefusedError, match="set_weight_attrs is missing"):
-        bridge.prepare(module, STATIC)
+        bridge.DRIFT_POINT.prepare(module, STATIC)
 
 
 @needs_vllm_defining_it
@@ -246,10 +245,10 @@ def test_stays_out_where_vllm_defines_it_and_the_scenario_is_vllm_s_own():
 
     module = importlib.import_module(FP8)
     decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[bridge.ENTRY.id].action == Action.SKIPPED
+    assert decisions[bridge.DRIFT_POINT.entry.id].action == Action.SKIPPED
     own = module._copy_missing_attrs
     assert not is_ours(own) and own.__module__ == FP8
     with pytest.raises(PatchRefusedError, match="never replaces a name vLLM defines"):
-        bridge.prepare(module, bridge.detect_runtime(module))
-    assert bridge.uninstall(module) is False and module._copy_missing_attrs is own
+        bridge.DRIFT_POINT.prepare(module, bridge.DRIFT_POINT.detect_runtime(module))
+    assert bridge.DRIFT_POINT.uninstall(module) is False and module._copy_missing_attrs is own
     assert run_scenario(own) == SCENARIO_RESULT

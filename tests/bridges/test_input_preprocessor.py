@@ -14,11 +14,10 @@ from conftest import STARTUP_HOOK, needs_omni, needs_startup_hook, needs_vllm, r
 from vllm_compat.bridges import HostKind, StandInFacts, is_ours
 from vllm_compat.bridges import input_preprocessor as bridge
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action
+from vllm_compat.decide import Action, decide_entry
 from vllm_compat.detect.static import StaticSite
-from vllm_compat.patches import decide_entry
 
-STATIC = bridge.detect_static(StaticSite.installed())
+STATIC = bridge.DRIFT_POINT.detect_static(StaticSite.installed())
 TARGET = bridge.MODULE
 WORKER = "vllm_omni.diffusion.worker.diffusion_worker"
 IMPORTER = "vllm_omni.inputs.preprocess:5 (module)"
@@ -51,8 +50,8 @@ NOT_FOUND = f"No module named '{TARGET}'"
     ids=["lacks+imported", "lacks+unused", "defines", "no-module", "no-vllm", "unknown"],
 )
 def test_decision_table(facts, action):
-    assert bridge.decide(facts, Controls()).action == action
-    assert decide_entry(bridge.ENTRY, facts, Controls(disabled_patches=frozenset({bridge.ENTRY.id}))).action == (
+    assert bridge.DRIFT_POINT.decide(facts, Controls()).action == action
+    assert decide_entry(bridge.DRIFT_POINT.entry, facts, Controls(disabled_patches=frozenset({bridge.DRIFT_POINT.entry.id}))).action == (
         Action.DISABLED)
 
 
@@ -67,8 +66,8 @@ def test_importers_are_read_from_the_files_and_type_checking_ones_left_out():
 
 @needs_vllm
 def test_static_and_runtime_facts_agree():
-    module = importlib.import_module(bridge.ENTRY.target_module)
-    assert bridge.compare(STATIC, bridge.detect_runtime(module)) == []
+    module = importlib.import_module(bridge.DRIFT_POINT.entry.target_module)
+    assert bridge.DRIFT_POINT.compare(STATIC, bridge.DRIFT_POINT.detect_runtime(module)) == []
 
 
 @needs_missing_module
@@ -85,7 +84,7 @@ def test_unpatched_diffusion_worker_fails_with_the_real_module_not_found_error()
         else:
             print("IMPORTED")
         """,
-        env={"VLLM_COMPAT_DISABLE_PATCHES": bridge.ENTRY.id},
+        env={"VLLM_COMPAT_DISABLE_PATCHES": bridge.DRIFT_POINT.entry.id},
         warm=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -108,10 +107,10 @@ def test_diffusion_worker_imports_with_the_stand_in_and_revert_removes_it():
         from vllm_omni.inputs.preprocess import OmniInputPreprocessor
         module = sys.modules["{TARGET}"]
         out = dict(
-            mark=getattr(module, "_vllm_compat_stand_in", None),
+            mark=getattr(module, "_vllm_compat_installed", None),
             attribute=parent.preprocess is module,
             subclass=issubclass(OmniInputPreprocessor, InputPreprocessor) and module.InputPreprocessor is InputPreprocessor,
-            decision=[d.action for d in vllm_compat.current_decisions() if d.name == "{bridge.ENTRY.id}"],
+            decision=[d.action for d in vllm_compat.current_decisions() if d.name == "{bridge.DRIFT_POINT.entry.id}"],
         )
         before = set(vars(parent))
         vllm_compat.revert()
@@ -130,7 +129,7 @@ def test_diffusion_worker_imports_with_the_stand_in_and_revert_removes_it():
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.split("RESULT ", 1)[1])
     assert out == {
-        "mark": bridge.ENTRY.id, "attribute": True, "subclass": True, "decision": ["patched"],
+        "mark": bridge.DRIFT_POINT.entry.id, "attribute": True, "subclass": True, "decision": ["patched"],
         "removed": ["preprocess"], "in_sys_modules": False, "after_revert": NOT_FOUND, "back": True,
     }
 
@@ -152,7 +151,7 @@ def test_vllm_omni_preprocessor_gives_what_it_gives_on_vllm_024(tmp_path):
     from vllm_omni.inputs.preprocess import OmniInputPreprocessor
 
     base = sys.modules[TARGET].InputPreprocessor
-    assert is_ours(base, bridge.ENTRY.id) == (STATIC.host == HostKind.LACKS)
+    assert is_ours(base, bridge.DRIFT_POINT.entry.id) == (STATIC.host == HostKind.LACKS)
     model_config = ModelConfig(model=str(tmp_path), skip_tokenizer_init=True, max_model_len=16,
                                enable_prompt_embeds=True)
     config = VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"))
@@ -169,19 +168,19 @@ def test_vllm_omni_preprocessor_gives_what_it_gives_on_vllm_024(tmp_path):
 
 @needs_missing_module
 def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
-    parent = importlib.import_module(bridge.ENTRY.target_module)  # vllm_compat's hook (pytest plugin) ran
+    parent = importlib.import_module(bridge.DRIFT_POINT.entry.target_module)  # vllm_compat's hook (pytest plugin) ran
     had = sys.modules.get(TARGET)
     try:
-        bridge.uninstall(parent)
+        bridge.DRIFT_POINT.uninstall(parent)
         names, modules = set(vars(parent)), set(sys.modules)
-        decision = bridge.decide(bridge.detect_runtime(parent), Controls())
+        decision = bridge.DRIFT_POINT.decide(bridge.DRIFT_POINT.detect_runtime(parent), Controls())
         assert decision.action == Action.PATCHED
-        assert bridge.install(parent, decision, bridge.prepare(parent, STATIC)) is True
-        assert bridge.install(parent, decision, None) is False  # already there: a no-op
+        assert bridge.DRIFT_POINT.install(parent, decision, bridge.DRIFT_POINT.prepare(parent, STATIC)) is True
+        assert bridge.DRIFT_POINT.install(parent, decision, None) is False  # already there: a no-op
         assert set(vars(parent)) - names == {bridge.NAME} and set(sys.modules) - modules == {TARGET}
-        assert is_ours(sys.modules[TARGET], bridge.ENTRY.id) and parent.preprocess is sys.modules[TARGET]
-        assert bridge.uninstall(parent) is True and set(vars(parent)) == names and set(sys.modules) == modules
-        assert bridge.uninstall(parent) is False
+        assert is_ours(sys.modules[TARGET], bridge.DRIFT_POINT.entry.id) and parent.preprocess is sys.modules[TARGET]
+        assert bridge.DRIFT_POINT.uninstall(parent) is True and set(vars(parent)) == names and set(sys.modules) == modules
+        assert bridge.DRIFT_POINT.uninstall(parent) is False
     finally:
         if had is not None:
             sys.modules[TARGET] = had
@@ -192,28 +191,28 @@ def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
 def test_stays_out_where_vllm_has_the_module():
     import vllm_compat
 
-    parent = importlib.import_module(bridge.ENTRY.target_module)
+    parent = importlib.import_module(bridge.DRIFT_POINT.entry.target_module)
     decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[bridge.ENTRY.id].action == Action.SKIPPED
+    assert decisions[bridge.DRIFT_POINT.entry.id].action == Action.SKIPPED
     own = importlib.import_module(TARGET)
     assert not is_ours(own) and not is_ours(own.InputPreprocessor) and own.__file__.startswith(parent.__path__[0])
     with pytest.raises(Exception, match="never replaces a module vLLM defines"):
-        bridge.prepare(parent, bridge.detect_runtime(parent))
-    assert bridge.uninstall(parent) is False and sys.modules[TARGET] is own
+        bridge.DRIFT_POINT.prepare(parent, bridge.DRIFT_POINT.detect_runtime(parent))
+    assert bridge.DRIFT_POINT.uninstall(parent) is False and sys.modules[TARGET] is own
 
 
 @needs_missing_module
 @pytest.mark.parametrize(
     ("controls", "bridged"),
-    [(Controls(), True), (Controls(disabled_patches=frozenset({bridge.ENTRY.id})), False)],
+    [(Controls(), True), (Controls(disabled_patches=frozenset({bridge.DRIFT_POINT.entry.id})), False)],
     ids=["on", "entry-disabled"],
 )
 def test_import_drift_counts_the_worker_name_as_bridged_only_while_the_bridge_acts(controls, bridged):
-    from vllm_compat.patches import plan
+    from vllm_compat.decide import plan
     from vllm_compat.reporting import Report
 
     site = StaticSite.installed()
     drift = Report(mode="static", static=site.environment, patches=[d for _, _, d in plan(site, controls)]).import_drift
     assert TARGET in drift.worker_blocking_names and TARGET not in drift.blocking_names
-    assert drift.bridged_by(TARGET) == (bridge.ENTRY.id if bridged else None)
+    assert drift.bridged_by(TARGET) == (bridge.DRIFT_POINT.entry.id if bridged else None)
     assert (TARGET in drift.still_worker_blocking_names) == (not (bridged and STARTUP_HOOK))

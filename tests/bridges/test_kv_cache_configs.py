@@ -36,20 +36,19 @@ from vllm_compat.bridges import HostKind, is_ours
 from vllm_compat.bridges import kv_cache_configs as stand_in
 from vllm_compat.bridges.kv_cache_configs import KVCacheConfigsFacts, Shape
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action
+from vllm_compat.decide import Action, decide_entry
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.errors import PatchRefusedError
-from vllm_compat.patches import decide_entry
 
-STATIC = stand_in.detect_static(StaticSite.installed())
-UTILS = stand_in.ENTRY.target_module
+STATIC = stand_in.DRIFT_POINT.detect_static(StaticSite.installed())
+UTILS = stand_in.DRIFT_POINT.entry.target_module
 IMPORTER = "vllm_omni.diffusion.diffusion_kv.initialization"
 ENGINE = "vllm_omni.diffusion.diffusion_engine"
 IMPORT_ERROR = f"ImportError: cannot import name '{stand_in.NAME}' from '{UTILS}'"
 _HERE = f"here: vLLM {STATIC.host} the name; vllm-omni importers {list(STATIC.importers)}"
 needs_stand_in = pytest.mark.skipif(
     STATIC.host != HostKind.LACKS or not STATIC.importers,
-    reason=f"needs vLLM >= 0.33 (no {stand_in.ENTRY.target_path}) with vllm-omni 0.30.0 (imports it); {_HERE}",
+    reason=f"needs vLLM >= 0.33 (no {stand_in.DRIFT_POINT.entry.target_path}) with vllm-omni 0.30.0 (imports it); {_HERE}",
 )
 needs_importer = pytest.mark.skipif(
     not STATIC.importers, reason=f"needs a vllm-omni whose {stand_in.IMPORTERS[0]} imports {stand_in.NAME} (0.30.0; "
@@ -87,9 +86,9 @@ def record() -> dict:
          "files-cannot-tell"],
 )
 def test_decision_table(facts, action):
-    assert stand_in.decide(facts, Controls()).action == action
-    disabled = Controls(disabled_patches=frozenset({stand_in.ENTRY.id}))
-    assert decide_entry(stand_in.ENTRY, facts, disabled).action == Action.DISABLED
+    assert stand_in.DRIFT_POINT.decide(facts, Controls()).action == action
+    disabled = Controls(disabled_patches=frozenset({stand_in.DRIFT_POINT.entry.id}))
+    assert decide_entry(stand_in.DRIFT_POINT.entry, facts, disabled).action == Action.DISABLED
 
 
 def test_shapes_the_stand_in_does_not_know_are_unknown():
@@ -122,13 +121,13 @@ def test_shapes_the_stand_in_does_not_know_are_unknown():
             imports = f"from {UTILS} import get_kv_cache_configs as plan\n"
             return imports + self.body if relpath == stand_in.IMPORTERS[0] else None
 
-    assert stand_in._callers(Tree("plan(c, s, m)\nplan(c, s, available_memory=m)\n"
+    assert stand_in.DRIFT_POINT.callers(Tree("plan(c, s, m)\nplan(c, s, available_memory=m)\n"
                                   "plan(vllm_config=c, kv_cache_specs=s, available_memory=m)\nself.plan(c)\n"))[0] == (
         Shape.KNOWN)
-    assert stand_in._callers(Tree("plan(c, s, m, groups)\n"))[0] == Shape.UNKNOWN
-    assert stand_in._callers(Tree("plan(c, s)\n"))[0] == Shape.UNKNOWN
-    assert stand_in._callers(Tree("plan(*args)\n"))[0] == Shape.UNKNOWN
-    assert stand_in._callers(Tree("plan(c, s, m, global_kv_cache_groups=g)\n"))[0] == Shape.UNKNOWN
+    assert stand_in.DRIFT_POINT.callers(Tree("plan(c, s, m, groups)\n"))[0] == Shape.UNKNOWN
+    assert stand_in.DRIFT_POINT.callers(Tree("plan(c, s)\n"))[0] == Shape.UNKNOWN
+    assert stand_in.DRIFT_POINT.callers(Tree("plan(*args)\n"))[0] == Shape.UNKNOWN
+    assert stand_in.DRIFT_POINT.callers(Tree("plan(c, s, m, global_kv_cache_groups=g)\n"))[0] == Shape.UNKNOWN
 
 
 @needs_omni
@@ -144,8 +143,8 @@ def test_vllm_omnis_calls_are_the_one_measured():
 
 @needs_vllm
 def test_static_and_runtime_facts_agree(utils):
-    runtime = stand_in.detect_runtime(utils)
-    assert stand_in.compare(STATIC, runtime) == []
+    runtime = stand_in.DRIFT_POINT.detect_runtime(utils)
+    assert stand_in.DRIFT_POINT.compare(STATIC, runtime) == []
     assert runtime.replacement == (Shape.KNOWN if STATIC.host == HostKind.LACKS else Shape.ABSENT), runtime
 
 
@@ -160,7 +159,7 @@ def test_returns_what_vllm_0_32_returned(utils, record, name):
         pytest.skip("vLLM <= 0.28 plans one KV tensor per layer (KVCacheTensor.shared_by); the record is vLLM "
                     "0.29+'s block-stride layout")
     function = utils.get_kv_cache_configs
-    assert is_ours(function, stand_in.ENTRY.id) == (STATIC.host == HostKind.LACKS)
+    assert is_ours(function, stand_in.DRIFT_POINT.entry.id) == (STATIC.host == HostKind.LACKS)
     found, expected = outcome(function, name), record["results"][name]
     if field_names(found) == field_names(expected):  # vLLM 0.32, and 0.33's same classes: every field
         assert found == expected
@@ -267,7 +266,7 @@ out = dict(
     planning_loaded=({stand_in.PLANNING_MODULE!r} in sys.modules),  # right after the importer, before the engine
     statement=outcome(lambda: exec(compile(ast.Module([statement], []), path, "exec"), {{}})),
     engine=outcome(lambda: importlib.import_module({ENGINE!r})),
-    decision=[d.action for d in vllm_compat.current_decisions() if d.name == {stand_in.ENTRY.id!r}],
+    decision=[d.action for d in vllm_compat.current_decisions() if d.name == {stand_in.DRIFT_POINT.entry.id!r}],
 )
 """
 
@@ -280,7 +279,7 @@ def run_importer(extra: str = "", env: dict | None = None) -> dict:
 
 @needs_stand_in
 @pytest.mark.parametrize(
-    "env", [{"VLLM_COMPAT_DISABLE": "1"}, {"VLLM_COMPAT_DISABLE_PATCHES": stand_in.ENTRY.id}],
+    "env", [{"VLLM_COMPAT_DISABLE": "1"}, {"VLLM_COMPAT_DISABLE_PATCHES": stand_in.DRIFT_POINT.entry.id}],
     ids=["disabled", "entry-disabled"],
 )
 def test_unpatched_the_importer_and_the_engine_raise_the_real_import_error(env):
@@ -302,7 +301,7 @@ def test_with_the_stand_in_both_import_and_revert_removes_exactly_it():
     out = run_importer(f"""
 utils = sys.modules[{UTILS!r}]
 function = utils.{stand_in.NAME}
-out["mark"] = function._vllm_compat_stand_in
+out["mark"] = function._vllm_compat_installed
 before = set(vars(utils))
 vllm_compat.revert()
 out["removed"] = sorted(before - set(vars(utils)))
@@ -312,7 +311,7 @@ out["back"] = getattr(utils, {stand_in.NAME!r}, None) is function
 """)
     assert out == {
         "module": "IMPORTED", "statement": "IMPORTED", "engine": "IMPORTED", "decision": ["patched"],
-        "mark": stand_in.ENTRY.id, "planning_loaded": False,
+        "mark": stand_in.DRIFT_POINT.entry.id, "planning_loaded": False,
         "removed": [stand_in.NAME], "added": [], "back": True,
     }
 
@@ -321,15 +320,15 @@ out["back"] = getattr(utils, {stand_in.NAME!r}, None) is function
 def test_install_is_idempotent_and_uninstall_removes_exactly_ours(utils):
     had = vars(utils).get(stand_in.NAME)
     try:
-        stand_in.uninstall(utils)
+        stand_in.DRIFT_POINT.uninstall(utils)
         names = set(vars(utils))
-        decision = stand_in.decide(stand_in.detect_runtime(utils), Controls())
+        decision = stand_in.DRIFT_POINT.decide(stand_in.DRIFT_POINT.detect_runtime(utils), Controls())
         assert decision.action == Action.PATCHED, decision
-        assert stand_in.install(utils, decision, stand_in.prepare(utils, STATIC)) is True
-        assert stand_in.install(utils, decision, stand_in.prepare(utils, STATIC)) is False  # already there: a no-op
-        assert set(vars(utils)) - names == {stand_in.NAME} and is_ours(utils.get_kv_cache_configs, stand_in.ENTRY.id)
-        assert stand_in.uninstall(utils) is True and set(vars(utils)) == names
-        assert stand_in.uninstall(utils) is False
+        assert stand_in.DRIFT_POINT.install(utils, decision, stand_in.DRIFT_POINT.prepare(utils, STATIC)) is True
+        assert stand_in.DRIFT_POINT.install(utils, decision, stand_in.DRIFT_POINT.prepare(utils, STATIC)) is False  # already there: a no-op
+        assert set(vars(utils)) - names == {stand_in.NAME} and is_ours(utils.get_kv_cache_configs, stand_in.DRIFT_POINT.entry.id)
+        assert stand_in.DRIFT_POINT.uninstall(utils) is True and set(vars(utils)) == names
+        assert stand_in.DRIFT_POINT.uninstall(utils) is False
     finally:
         if had is not None:
             setattr(utils, stand_in.NAME, had)
@@ -373,16 +372,16 @@ def test_refuses_a_planning_module_of_another_shape(utils, tmp_path):
     owner = type(sys)(UTILS)
     owner.__file__ = str(tmp_path / "kv_cache_utils.py")
     with pytest.raises(PatchRefusedError, match=r"kv_cache_planning.get_kv_cache_configs takes .* and more"):
-        stand_in.prepare(owner, stand_in.detect_runtime(owner))
+        stand_in.DRIFT_POINT.prepare(owner, stand_in.DRIFT_POINT.detect_runtime(owner))
 
 
 @needs_vllms_own
 def test_stays_out_where_vllm_has_it(utils):
     decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[stand_in.ENTRY.id].action == Action.SKIPPED
-    assert "its own is used" in decisions[stand_in.ENTRY.id].reason
+    assert decisions[stand_in.DRIFT_POINT.entry.id].action == Action.SKIPPED
+    assert "its own is used" in decisions[stand_in.DRIFT_POINT.entry.id].reason
     own = utils.get_kv_cache_configs
     assert own.__module__ == UTILS and not is_ours(own)
     with pytest.raises(PatchRefusedError, match="never replaces a name vLLM defines"):
-        stand_in.prepare(utils, stand_in.detect_runtime(utils))
-    assert stand_in.uninstall(utils) is False and utils.get_kv_cache_configs is own
+        stand_in.DRIFT_POINT.prepare(utils, stand_in.DRIFT_POINT.detect_runtime(utils))
+    assert stand_in.DRIFT_POINT.uninstall(utils) is False and utils.get_kv_cache_configs is own

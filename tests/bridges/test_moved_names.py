@@ -16,12 +16,11 @@ from conftest import needs_startup_hook, needs_vllm, run_python
 from vllm_compat.bridges import MARK, HostKind, is_ours, provided_by_decisions
 from vllm_compat.bridges import moved_names as bridge
 from vllm_compat.config import Controls, read_controls
-from vllm_compat.decide import Action
+from vllm_compat.decide import Action, decide_entry, plan
 from vllm_compat.detect.static import SourceTree, StaticSite
-from vllm_compat.patches import decide_entry, plan
 
 ROOT = Path(__file__).resolve().parents[2]
-STATIC = bridge.detect_static(StaticSite.installed())
+STATIC = bridge.DRIFT_POINT.detect_static(StaticSite.installed())
 NAME_ALIASES = [a for a in STATIC.installable if a.kind == "name"]
 MODULE_ALIASES = [a for a in STATIC.installable if a.kind == "module"]
 HAS_IT = [a for a in STATIC.aliases if a.state == bridge.State.VLLM_HAS_IT]
@@ -34,7 +33,7 @@ needs_module_alias = pytest.mark.skipif(
 # Old paths of the table another bridge provides here (a stand-in; vLLM 0.31-0.33 + vllm-omni 0.30.0:
 # processing.processor.MultiModalProcessingInfo, a rejected row, by multimodal_processing_info).
 STOOD_IN = {old: entry for old, entry in provided_by_decisions(
-    d for _, _, d in plan(StaticSite.installed(), read_controls())).items() if entry != bridge.ENTRY.id}
+    d for _, _, d in plan(StaticSite.installed(), read_controls())).items() if entry != bridge.DRIFT_POINT.entry.id}
 STOOD_IN_FACTS = [a for a in STATIC.aliases if a.kind == "name" and a.old in STOOD_IN]
 WHEELS = Path("/tmp/vc-wheels")
 
@@ -50,13 +49,13 @@ def _wheel(pattern: str) -> Path | None:
 def test_decision_table():
     fact = bridge.AliasFact("vllm.a.b", "vllm.c.b", "name", bridge.State.ALIAS, ("vllm_omni.x:1 (module)",))
     held = bridge.AliasFact("vllm.a.c", "vllm.c.c", "name", bridge.State.UNREVIEWED, ("vllm_omni.x:2 (module)",))
-    patched = bridge.decide(bridge.AliasFacts(HostKind.LACKS, (fact, held)), Controls())
+    patched = bridge.DRIFT_POINT.decide(bridge.AliasFacts(HostKind.LACKS, (fact, held)), Controls())
     assert patched.action == Action.PATCHED and patched.provides == ("vllm.a.b",)
     assert "vllm.a.c (unreviewed)" in patched.reason
-    assert bridge.decide(bridge.AliasFacts(HostKind.LACKS, (held,)), Controls()).action == Action.SKIPPED
-    assert bridge.decide(bridge.AliasFacts(HostKind.ABSENT), Controls()).action == Action.PENDING
-    assert decide_entry(bridge.ENTRY, bridge.AliasFacts(HostKind.LACKS, (fact,)),
-                        Controls(disabled_patches=frozenset({bridge.ENTRY.id}))).action == Action.DISABLED
+    assert bridge.DRIFT_POINT.decide(bridge.AliasFacts(HostKind.LACKS, (held,)), Controls()).action == Action.SKIPPED
+    assert bridge.DRIFT_POINT.decide(bridge.AliasFacts(HostKind.ABSENT), Controls()).action == Action.PENDING
+    assert decide_entry(bridge.DRIFT_POINT.entry, bridge.AliasFacts(HostKind.LACKS, (fact,)),
+                        Controls(disabled_patches=frozenset({bridge.DRIFT_POINT.entry.id}))).action == Action.DISABLED
 
 
 def test_table_rows_are_well_formed_and_no_unreviewed_changed_pair_is_installable():
@@ -74,12 +73,12 @@ def test_table_rows_are_well_formed_and_no_unreviewed_changed_pair_is_installabl
 
 @needs_vllm
 def test_static_and_runtime_facts_agree():
-    importlib.import_module(bridge.ENTRY.target_module)
-    assert bridge.compare(STATIC, bridge.detect_runtime(sys.modules[bridge.ENTRY.target_module])) == []
+    importlib.import_module(bridge.DRIFT_POINT.entry.target_module)
+    assert bridge.DRIFT_POINT.compare(STATIC, bridge.DRIFT_POINT.detect_runtime(sys.modules[bridge.DRIFT_POINT.entry.target_module])) == []
 
 
 def test_runtime_counts_another_bridges_stand_in_as_a_name_vllm_lacks(monkeypatch):
-    """The rule on its own, in every cell: an old path bound by an object marked ``_vllm_compat_stand_in`` keeps the
+    """The rule on its own, in every cell: an old path bound by an object marked ``_vllm_compat_installed`` keeps the
     facts vLLM's files give (the static view); one bound by an unmarked object is vLLM's own."""
     fact = bridge.AliasFact("vllm_compat_test_old.Name", "vllm_compat_test_new.Name", "name", bridge.State.REJECTED,
                             ("vllm_omni.x:1 (module)",))
@@ -88,9 +87,9 @@ def test_runtime_counts_another_bridges_stand_in_as_a_name_vllm_lacks(monkeypatc
     module = types.ModuleType("vllm_compat_test_old")
     monkeypatch.setitem(sys.modules, module.__name__, module)
     module.Name = type("Name", (), {MARK: "multimodal_processing_info"})
-    assert bridge.detect_runtime(module).aliases == (fact,)
+    assert bridge.DRIFT_POINT.detect_runtime(module).aliases == (fact,)
     module.Name = type("Name", (), {})
-    assert bridge.detect_runtime(module).aliases == (
+    assert bridge.DRIFT_POINT.detect_runtime(module).aliases == (
         bridge.AliasFact(fact.old, None, "name", bridge.State.VLLM_HAS_IT),)
 
 
@@ -107,7 +106,7 @@ def test_an_old_path_another_bridge_stands_in_for_keeps_its_static_facts():
         module, name = fact.old.rsplit(".", 1)
         assert fact.state != bridge.State.VLLM_HAS_IT
         assert is_ours(vars(importlib.import_module(module)).get(name), STOOD_IN[fact.old]), fact.old
-    runtime = {a.old: a for a in bridge.detect_runtime(sys.modules[bridge.ENTRY.target_module]).aliases}
+    runtime = {a.old: a for a in bridge.DRIFT_POINT.detect_runtime(sys.modules[bridge.DRIFT_POINT.entry.target_module]).aliases}
     assert [runtime[a.old] for a in STOOD_IN_FACTS] == STOOD_IN_FACTS
 
 
@@ -118,7 +117,7 @@ def test_stays_out_where_vllm_has_the_name():
     import vllm_compat
 
     decisions = {d.name: d for d in vllm_compat.apply()}
-    decision = decisions[bridge.ENTRY.id]
+    decision = decisions[bridge.DRIFT_POINT.entry.id]
     for fact in HAS_IT:
         assert fact.old not in decision.provides
     fact = next((a for a in HAS_IT if a.kind == "name"), None)
@@ -134,7 +133,7 @@ def test_stays_out_where_vllm_has_the_name():
 
 
 @needs_name_alias
-@pytest.mark.parametrize("env", [{"VLLM_COMPAT_DISABLE": "1"}, {"VLLM_COMPAT_DISABLE_PATCHES": bridge.ENTRY.id}],
+@pytest.mark.parametrize("env", [{"VLLM_COMPAT_DISABLE": "1"}, {"VLLM_COMPAT_DISABLE_PATCHES": bridge.DRIFT_POINT.entry.id}],
                          ids=["disabled", "entry-disabled"])
 def test_unpatched_old_name_fails_with_the_real_import_error(env):
     fact = NAME_ALIASES[0]
@@ -164,7 +163,7 @@ def test_old_name_resolves_to_the_new_definition_and_revert_removes_exactly_it()
         import vllm_compat
         host = sys.modules["{module}"]
         out = dict(same=old is new_home.{new_name},
-                   decision=[d.action for d in vllm_compat.current_decisions() if d.name == "{bridge.ENTRY.id}"],
+                   decision=[d.action for d in vllm_compat.current_decisions() if d.name == "{bridge.DRIFT_POINT.entry.id}"],
                    provides="{fact.old}" in [p for d in vllm_compat.current_decisions() for p in d.provides])
         # other stand-ins may live in the same module (fp8_copy_missing_attrs beside CopyNumelCounter): revert
         # removes exactly what vllm_compat provided there, and nothing vLLM defines.
@@ -185,18 +184,18 @@ def test_old_name_resolves_to_the_new_definition_and_revert_removes_exactly_it()
 
 @needs_name_alias
 def test_import_drift_names_the_alias_entry_for_each_aliased_name():
-    from vllm_compat.patches import plan
+    from vllm_compat.decide import plan
     from vllm_compat.reporting import Report
 
     site = StaticSite.installed()
-    for controls, bridged in ((Controls(), True), (Controls(disabled_patches=frozenset({bridge.ENTRY.id})), False)):
+    for controls, bridged in ((Controls(), True), (Controls(disabled_patches=frozenset({bridge.DRIFT_POINT.entry.id})), False)):
         report = Report(mode="static", static=site.environment, patches=[d for _, _, d in plan(site, controls)])
         drift = report.import_drift
         for fact in NAME_ALIASES:
             if fact.old in drift.names:
-                assert drift.bridged_by(fact.old) == (bridge.ENTRY.id if bridged else None)
+                assert drift.bridged_by(fact.old) == (bridge.DRIFT_POINT.entry.id if bridged else None)
                 assert report.to_dict()["import_drift"]["bridged"].get(fact.old) == (
-                    bridge.ENTRY.id if bridged else None)
+                    bridge.DRIFT_POINT.entry.id if bridged else None)
 
 
 @needs_module_alias
@@ -225,20 +224,20 @@ def test_old_module_path_is_the_new_module_and_revert_removes_it():
 
 @needs_vllm
 def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
-    owner = importlib.import_module(bridge.ENTRY.target_module)
-    facts = bridge.detect_runtime(owner)
-    bridge.uninstall(owner)
+    owner = importlib.import_module(bridge.DRIFT_POINT.entry.target_module)
+    facts = bridge.DRIFT_POINT.detect_runtime(owner)
+    bridge.DRIFT_POINT.uninstall(owner)
     meta_path, modules = list(sys.meta_path), set(sys.modules)
     try:
-        decision = bridge.decide(facts, Controls())
-        state = bridge.prepare(owner, facts)
-        bridge.install(owner, decision, state)
-        assert bridge.install(owner, decision, state) is False  # in place already: a no-op
+        decision = bridge.DRIFT_POINT.decide(facts, Controls())
+        state = bridge.DRIFT_POINT.prepare(owner, facts)
+        bridge.DRIFT_POINT.install(owner, decision, state)
+        assert bridge.DRIFT_POINT.install(owner, decision, state) is False  # in place already: a no-op
         assert (bridge._finder in sys.meta_path) == any(a.kind == "module" for a in state)
-        bridge.uninstall(owner)
+        bridge.DRIFT_POINT.uninstall(owner)
         assert sys.meta_path == meta_path and set(sys.modules) <= modules | {
             m for m in sys.modules if not any(m == a.old for a in state)}
-        assert bridge.uninstall(owner) is False
+        assert bridge.DRIFT_POINT.uninstall(owner) is False
     finally:
         import vllm_compat
 

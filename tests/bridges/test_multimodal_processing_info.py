@@ -21,14 +21,13 @@ from conftest import needs_startup_hook, needs_vllm, run_python
 from vllm_compat.bridges import HostKind, StandInFacts, installed_omni_tree, is_ours
 from vllm_compat.bridges import multimodal_processing_info as bridge
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action
+from vllm_compat.decide import Action, decide_entry
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.errors import PatchRefusedError
-from vllm_compat.patches import decide_entry
 
-STATIC = bridge.detect_static(StaticSite.installed())
-TARGET = bridge.ENTRY.target_path
-PROCESSOR = bridge.ENTRY.target_module
+STATIC = bridge.DRIFT_POINT.detect_static(StaticSite.installed())
+TARGET = bridge.DRIFT_POINT.entry.target_path
+PROCESSOR = bridge.DRIFT_POINT.entry.target_module
 THINKER = "vllm_omni.model_executor.models.qwen2_5_omni.qwen2_5_omni_thinker"
 THINKER_FILE = bridge.IMPORTERS[0]
 IMPORT_ERROR = f"ImportError: cannot import name '{bridge.NAME}' from '{PROCESSOR}'"
@@ -99,15 +98,15 @@ def run_thinker(extra: str = "", env: dict | None = None) -> dict:
     ids=["lacks+imported", "lacks+unused", "defines", "no-module", "no-vllm", "unknown"],
 )
 def test_decision_table(facts, action):
-    assert bridge.decide(facts, Controls()).action == action
-    assert decide_entry(bridge.ENTRY, facts, Controls(disabled_patches=frozenset({bridge.ENTRY.id}))).action == (
+    assert bridge.DRIFT_POINT.decide(facts, Controls()).action == action
+    assert decide_entry(bridge.DRIFT_POINT.entry, facts, Controls(disabled_patches=frozenset({bridge.DRIFT_POINT.entry.id}))).action == (
         Action.DISABLED)
 
 
 @needs_vllm
 def test_static_and_runtime_facts_agree():
     module = importlib.import_module(PROCESSOR)
-    assert bridge.compare(STATIC, bridge.detect_runtime(module)) == []
+    assert bridge.DRIFT_POINT.compare(STATIC, bridge.DRIFT_POINT.detect_runtime(module)) == []
 
 
 def test_fields_are_vllm_0_30_s():
@@ -170,7 +169,7 @@ def test_the_thinker_s_processing_is_not_bridged_and_fails_loudly():
 
 @needs_missing_name
 @pytest.mark.parametrize(
-    "env", [{"VLLM_COMPAT_DISABLE": "1"}, {"VLLM_COMPAT_DISABLE_PATCHES": bridge.ENTRY.id}],
+    "env", [{"VLLM_COMPAT_DISABLE": "1"}, {"VLLM_COMPAT_DISABLE_PATCHES": bridge.DRIFT_POINT.entry.id}],
     ids=["disabled", "entry-disabled"],
 )
 def test_unpatched_thinker_fails_with_the_real_import_error(env):
@@ -190,9 +189,9 @@ def test_thinker_gets_as_far_as_the_native_pair_with_the_stand_in_and_revert_rem
     out = run_thinker(f"""
 processor = sys.modules[{PROCESSOR!r}]
 info = processor.{bridge.NAME}
-out["mark"] = info._vllm_compat_stand_in
+out["mark"] = info._vllm_compat_installed
 out["fields"] = list(info._fields)
-out["decision"] = [d.action for d in vllm_compat.current_decisions() if d.name == {bridge.ENTRY.id!r}]
+out["decision"] = [d.action for d in vllm_compat.current_decisions() if d.name == {bridge.DRIFT_POINT.entry.id!r}]
 before = set(vars(processor))
 vllm_compat.revert()
 out["removed"] = sorted(before - set(vars(processor)))
@@ -201,7 +200,7 @@ vllm_compat.apply()
 out["back"] = getattr(processor, {bridge.NAME!r}, None) is info
 """)
     assert out == {
-        "module": NATIVE_OUTCOME, "statement": "IMPORTED", "mark": bridge.ENTRY.id,
+        "module": NATIVE_OUTCOME, "statement": "IMPORTED", "mark": bridge.DRIFT_POINT.entry.id,
         "fields": ["kwargs", "hashes", "prompt_updates"], "decision": ["patched"],
         "removed": [bridge.NAME], "added": [], "back": True,
     }
@@ -212,15 +211,15 @@ def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
     module = importlib.import_module(PROCESSOR)  # vllm_compat's hook (pytest plugin) ran
     had = vars(module).get(bridge.NAME)
     try:
-        bridge.uninstall(module)
+        bridge.DRIFT_POINT.uninstall(module)
         names = set(vars(module))
-        decision = bridge.decide(bridge.detect_runtime(module), Controls())
+        decision = bridge.DRIFT_POINT.decide(bridge.DRIFT_POINT.detect_runtime(module), Controls())
         assert decision.action == Action.PATCHED
-        assert bridge.install(module, decision, bridge.prepare(module, STATIC)) is True
-        assert bridge.install(module, decision, bridge.prepare(module, STATIC)) is False  # already there: a no-op
-        assert set(vars(module)) - names == {bridge.NAME} and is_ours(module.MultiModalProcessingInfo, bridge.ENTRY.id)
-        assert bridge.uninstall(module) is True and set(vars(module)) == names
-        assert bridge.uninstall(module) is False
+        assert bridge.DRIFT_POINT.install(module, decision, bridge.DRIFT_POINT.prepare(module, STATIC)) is True
+        assert bridge.DRIFT_POINT.install(module, decision, bridge.DRIFT_POINT.prepare(module, STATIC)) is False  # already there: a no-op
+        assert set(vars(module)) - names == {bridge.NAME} and is_ours(module.MultiModalProcessingInfo, bridge.DRIFT_POINT.entry.id)
+        assert bridge.DRIFT_POINT.uninstall(module) is True and set(vars(module)) == names
+        assert bridge.DRIFT_POINT.uninstall(module) is False
     finally:
         if had is not None:
             setattr(module, bridge.NAME, had)
@@ -234,12 +233,12 @@ def test_stays_out_where_vllm_defines_it_and_matches_vllm_s_own():
 
     module = importlib.import_module(PROCESSOR)
     decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[bridge.ENTRY.id].action == Action.SKIPPED
+    assert decisions[bridge.DRIFT_POINT.entry.id].action == Action.SKIPPED
     own = module.MultiModalProcessingInfo
     assert not is_ours(own) and own.__module__ == PROCESSOR
     with pytest.raises(PatchRefusedError, match="never replaces a name vLLM defines"):
-        bridge.prepare(module, bridge.detect_runtime(module))
-    assert bridge.uninstall(module) is False and module.MultiModalProcessingInfo is own
+        bridge.DRIFT_POINT.prepare(module, bridge.DRIFT_POINT.detect_runtime(module))
+    assert bridge.DRIFT_POINT.uninstall(module) is False and module.MultiModalProcessingInfo is own
     stand_in = bridge.build_stand_in(module)
     assert (stand_in._fields, stand_in.__annotations__, stand_in._field_defaults) == (
         own._fields, own.__annotations__, own._field_defaults)

@@ -12,12 +12,11 @@ from conftest import STARTUP_HOOK, needs_startup_hook, needs_vllm, run_python
 from vllm_compat.bridges import HostKind, StandInFacts, is_ours
 from vllm_compat.bridges import routed_experts_lists as bridge
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action
+from vllm_compat.decide import Action, decide_entry
 from vllm_compat.detect.static import StaticSite
-from vllm_compat.patches import decide_entry
 
-STATIC = bridge.detect_static(StaticSite.installed())
-TARGET = bridge.ENTRY.target_path
+STATIC = bridge.DRIFT_POINT.detect_static(StaticSite.installed())
+TARGET = bridge.DRIFT_POINT.entry.target_path
 needs_missing_name = pytest.mark.skipif(
     STATIC.host != HostKind.LACKS or not STATIC.importers,
     reason=f"needs vLLM >= 0.31 (no {TARGET}) with a vllm-omni that imports it; here: vLLM {STATIC.host} it, "
@@ -42,20 +41,20 @@ IMPORT_ERROR = "cannot import name 'RoutedExpertsLists' from 'vllm.v1.outputs'"
     ids=["lacks+imported", "lacks+unused", "defines", "no-module", "no-vllm", "unknown"],
 )
 def test_decision_table(facts, action):
-    assert bridge.decide(facts, Controls()).action == action
-    assert decide_entry(bridge.ENTRY, facts, Controls(disabled_patches=frozenset({bridge.ENTRY.id}))).action == (
+    assert bridge.DRIFT_POINT.decide(facts, Controls()).action == action
+    assert decide_entry(bridge.DRIFT_POINT.entry, facts, Controls(disabled_patches=frozenset({bridge.DRIFT_POINT.entry.id}))).action == (
         Action.DISABLED)
 
 
 @needs_vllm
 def test_static_and_runtime_facts_agree():
-    module = importlib.import_module(bridge.ENTRY.target_module)
-    assert bridge.compare(STATIC, bridge.detect_runtime(module)) == []
+    module = importlib.import_module(bridge.DRIFT_POINT.entry.target_module)
+    assert bridge.DRIFT_POINT.compare(STATIC, bridge.DRIFT_POINT.detect_runtime(module)) == []
 
 
 @needs_missing_name
 @pytest.mark.parametrize(
-    "env", [{"VLLM_COMPAT_DISABLE": "1"}, {"VLLM_COMPAT_DISABLE_PATCHES": bridge.ENTRY.id}],
+    "env", [{"VLLM_COMPAT_DISABLE": "1"}, {"VLLM_COMPAT_DISABLE_PATCHES": bridge.DRIFT_POINT.entry.id}],
     ids=["disabled", "entry-disabled"],
 )
 def test_unpatched_import_of_vllm_omni_fails_with_the_real_import_error(env):
@@ -95,7 +94,7 @@ def test_vllm_omni_imports_with_the_stand_in_and_revert_removes_it():
         picked = omni_routed_experts_for_request(lists, Request())
         out = dict(
             same=outputs.RoutedExpertsLists is RoutedExpertsLists,
-            mark=RoutedExpertsLists._vllm_compat_stand_in,
+            mark=RoutedExpertsLists._vllm_compat_installed,
             fields=list(RoutedExpertsLists._fields),
             picked=picked.ravel().tolist(),
             decision=[d.action for d in vllm_compat.current_decisions() if d.name == "routed_experts_lists"],
@@ -113,7 +112,7 @@ def test_vllm_omni_imports_with_the_stand_in_and_revert_removes_it():
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.split("RESULT ", 1)[1])
     assert out == {
-        "same": True, "mark": bridge.ENTRY.id, "fields": ["routing_data", "slot_mapping"],
+        "same": True, "mark": bridge.DRIFT_POINT.entry.id, "fields": ["routing_data", "slot_mapping"],
         "picked": [3, 4, 5, 9, 10, 11], "decision": ["patched"],
         "removed": ["RoutedExpertsLists"], "added": [], "back": True,
     }
@@ -121,18 +120,18 @@ def test_vllm_omni_imports_with_the_stand_in_and_revert_removes_it():
 
 @needs_missing_name
 def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
-    module = importlib.import_module(bridge.ENTRY.target_module)  # vllm_compat's hook (pytest plugin) ran
+    module = importlib.import_module(bridge.DRIFT_POINT.entry.target_module)  # vllm_compat's hook (pytest plugin) ran
     had = vars(module).get(bridge.NAME)
     try:
-        bridge.uninstall(module)
+        bridge.DRIFT_POINT.uninstall(module)
         names = set(vars(module))
-        decision = bridge.decide(bridge.detect_runtime(module), Controls())
+        decision = bridge.DRIFT_POINT.decide(bridge.DRIFT_POINT.detect_runtime(module), Controls())
         assert decision.action == Action.PATCHED
-        assert bridge.install(module, decision, bridge.prepare(module, STATIC)) is True
-        assert bridge.install(module, decision, None) is False  # already there: a no-op
-        assert set(vars(module)) - names == {bridge.NAME} and is_ours(module.RoutedExpertsLists, bridge.ENTRY.id)
-        assert bridge.uninstall(module) is True and set(vars(module)) == names
-        assert bridge.uninstall(module) is False
+        assert bridge.DRIFT_POINT.install(module, decision, bridge.DRIFT_POINT.prepare(module, STATIC)) is True
+        assert bridge.DRIFT_POINT.install(module, decision, None) is False  # already there: a no-op
+        assert set(vars(module)) - names == {bridge.NAME} and is_ours(module.RoutedExpertsLists, bridge.DRIFT_POINT.entry.id)
+        assert bridge.DRIFT_POINT.uninstall(module) is True and set(vars(module)) == names
+        assert bridge.DRIFT_POINT.uninstall(module) is False
     finally:
         if had is not None:
             setattr(module, bridge.NAME, had)
@@ -142,37 +141,37 @@ def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
 def test_stays_out_where_vllm_defines_it():
     import vllm_compat
 
-    module = importlib.import_module(bridge.ENTRY.target_module)
+    module = importlib.import_module(bridge.DRIFT_POINT.entry.target_module)
     decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[bridge.ENTRY.id].action == Action.SKIPPED
+    assert decisions[bridge.DRIFT_POINT.entry.id].action == Action.SKIPPED
     own = module.RoutedExpertsLists
     assert not is_ours(own) and own.__module__ == "vllm.v1.outputs"
     with pytest.raises(Exception, match="never replaces a name vLLM defines"):
-        bridge.prepare(module, bridge.detect_runtime(module))
-    assert bridge.uninstall(module) is False and module.RoutedExpertsLists is own
+        bridge.DRIFT_POINT.prepare(module, bridge.DRIFT_POINT.detect_runtime(module))
+    assert bridge.DRIFT_POINT.uninstall(module) is False and module.RoutedExpertsLists is own
 
 
 @needs_missing_name
 @pytest.mark.parametrize(
     ("controls", "bridged"),
     [(Controls(), True), (Controls(disabled=True), False),
-     (Controls(disabled_patches=frozenset({bridge.ENTRY.id})), False)],
+     (Controls(disabled_patches=frozenset({bridge.DRIFT_POINT.entry.id})), False)],
     ids=["on", "disabled", "entry-disabled"],
 )
 def test_import_drift_counts_the_name_as_bridged_only_while_the_bridge_acts(controls, bridged):
-    from vllm_compat.patches import plan
+    from vllm_compat.decide import plan
     from vllm_compat.reporting import Report
 
     site = StaticSite.installed()
     report = Report(mode="static", static=site.environment, patches=[d for _, _, d in plan(site, controls)])
     drift = report.import_drift
     assert TARGET in drift.blocking_names  # what vLLM lacks, bridged or not
-    assert drift.bridged_by(TARGET) == (bridge.ENTRY.id if bridged else None)
+    assert drift.bridged_by(TARGET) == (bridge.DRIFT_POINT.entry.id if bridged else None)
     assert drift.early == STARTUP_HOOK
     assert (TARGET in drift.still_blocking_names) == (not (bridged and STARTUP_HOOK))
     assert report.plugin_will_not_import == bool(drift.still_blocking_names)
-    assert report.to_dict()["import_drift"]["bridged"].get(TARGET) == (bridge.ENTRY.id if bridged else None)
+    assert report.to_dict()["import_drift"]["bridged"].get(TARGET) == (bridge.DRIFT_POINT.entry.id if bridged else None)
     text = report.render_table()
     assert (f"{TARGET} (in vllm_omni.core.sched.utils:" in text) and (
-        (f"bridged by {bridge.ENTRY.id}" in text) == bridged)
+        (f"bridged by {bridge.DRIFT_POINT.entry.id}" in text) == bridged)
     assert ("WILL NOT IMPORT" in text) == report.plugin_will_not_import

@@ -36,8 +36,8 @@ from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.errors import PatchRefusedError
 
-STATIC = adapter.detect_static(StaticSite.installed())
-CALLER = adapter.ENTRY.target_module
+STATIC = adapter.DRIFT_POINT.detect_static(StaticSite.installed())
+CALLER = adapter.DRIFT_POINT.entry.target_module
 _SHAPES = f"here: vLLM takes {STATIC.callee}, {CALLER} calls {STATIC.caller}"
 needs_shapes_to_adapt = pytest.mark.skipif(
     (STATIC.callee, STATIC.caller) != (CallShape.LAUNCH, CallShape.ADDRESSES),
@@ -84,8 +84,8 @@ def test_static_and_runtime_shapes_agree_and_all_four_calls_have_one_shape(calle
     """vllm-omni 0.24.0 makes the 8-argument call four times, 0.30.0 the 6-argument one at the same four places."""
     import inspect
 
-    runtime = adapter.detect_runtime(caller)
-    assert adapter.compare(STATIC, runtime) == []
+    runtime = adapter.DRIFT_POINT.detect_runtime(caller)
+    assert adapter.DRIFT_POINT.compare(STATIC, runtime) == []
     positional = {CallShape.ADDRESSES: "8 positional", CallShape.LAUNCH: "6 positional"}[runtime.caller]
     assert len(runtime.calls) == 4 and all(positional in call for call in runtime.calls), runtime.calls
     live = tuple(inspect.signature(_vllm_function()).parameters)
@@ -94,10 +94,11 @@ def test_static_and_runtime_shapes_agree_and_all_four_calls_have_one_shape(calle
 
 def test_both_adapters_share_one_implementation():
     from vllm_compat.bridges import engine_startup_adapter as diffusion_adapter
+    from vllm_compat.bridges._engine_startup_call import CallAdapter
 
-    assert type(adapter._ADAPTER) is type(diffusion_adapter._ADAPTER)
-    assert adapter.ENTRY.target == diffusion_adapter.ENTRY.target == NAME
-    assert adapter.ENTRY.target_module != diffusion_adapter.ENTRY.target_module
+    assert type(adapter.DRIFT_POINT).__mro__[1] is type(diffusion_adapter.DRIFT_POINT).__mro__[1] is CallAdapter
+    assert adapter.DRIFT_POINT.entry.target == diffusion_adapter.DRIFT_POINT.entry.target == NAME
+    assert adapter.DRIFT_POINT.entry.target_module != diffusion_adapter.DRIFT_POINT.entry.target_module
 
 
 # ---- the engine side, the managers, the startup paths ----
@@ -241,7 +242,7 @@ def _run_path(caller, path, engines, monkeypatch):
 @pytest.mark.parametrize("path", PATHS)
 def test_unpatched_startup_raises_the_type_error(caller, path, monkeypatch):
     engines = _Engines()
-    adapter.uninstall(caller)
+    adapter.DRIFT_POINT.uninstall(caller)
     try:
         assert caller.wait_for_engine_startup is _vllm_function()  # vLLM's own, unadapted
         _, raised = _run_path(caller, path, engines, monkeypatch)
@@ -261,7 +262,7 @@ def test_startup_completes_the_handshake_as_natively(caller, path, monkeypatch):
     seen = []
     if STATIC.callee == CallShape.LAUNCH:
         installed = caller.wait_for_engine_startup
-        assert is_ours(installed, adapter.ENTRY.id) and installed.__wrapped__ is _vllm_function()
+        assert is_ours(installed, adapter.DRIFT_POINT.entry.id) and installed.__wrapped__ is _vllm_function()
         real = _vllm_function()
 
         def spy(*args, **kwargs):  # between the adapter and vLLM's real function
@@ -270,7 +271,7 @@ def test_startup_completes_the_handshake_as_natively(caller, path, monkeypatch):
 
         from vllm.v1.engine import utils
 
-        monkeypatch.setattr(caller, NAME, adapter.make_adapter(spy, utils.CoreEngineLaunch,
+        monkeypatch.setattr(caller, NAME, adapter.DRIFT_POINT.make_adapter(spy, utils.CoreEngineLaunch,
                                                                 utils.CoreEngineProcManager))
     engines = _Engines()
     try:
@@ -320,20 +321,20 @@ def test_installed_on_import_and_uninstall_restores_the_exact_original(caller):
 
     original = _vllm_function()
     decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[adapter.ENTRY.id].action == Action.PATCHED
-    assert decisions[adapter.ENTRY.id].variant == VARIANT
+    assert decisions[adapter.DRIFT_POINT.entry.id].action == Action.PATCHED
+    assert decisions[adapter.DRIFT_POINT.entry.id].variant == VARIANT
     installed = caller.wait_for_engine_startup
-    assert is_ours(installed, adapter.ENTRY.id) and installed.__wrapped__ is original
+    assert is_ours(installed, adapter.DRIFT_POINT.entry.id) and installed.__wrapped__ is original
     assert tuple(inspect.signature(installed).parameters) == ADDRESSES_PARAMS
     vllm_compat.apply()
     assert caller.wait_for_engine_startup is installed  # idempotent
     try:
         vllm_compat.revert()
         assert caller.wait_for_engine_startup is original
-        assert adapter.uninstall(caller) is False
+        assert adapter.DRIFT_POINT.uninstall(caller) is False
     finally:
         vllm_compat.apply()
-    assert is_ours(caller.wait_for_engine_startup, adapter.ENTRY.id)
+    assert is_ours(caller.wait_for_engine_startup, adapter.DRIFT_POINT.entry.id)
 
 
 @needs_omni
@@ -341,14 +342,14 @@ def test_installed_on_import_and_uninstall_restores_the_exact_original(caller):
 def test_refuses_a_binding_that_is_not_vllms_function(caller, monkeypatch):
     monkeypatch.setattr(caller, NAME, lambda *args: None)
     with pytest.raises(PatchRefusedError, match=r"is <function .*<lambda>.*not vllm\.v1\.engine\.utils"):
-        adapter.prepare(caller, adapter.detect_runtime(caller))
+        adapter.DRIFT_POINT.prepare(caller, adapter.DRIFT_POINT.detect_runtime(caller))
 
 
 @needs_omni
 @needs_matching_shapes
 def test_stays_out_where_the_shapes_already_match(caller):
     decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[adapter.ENTRY.id].action == Action.SKIPPED
-    assert "the way this vLLM takes it" in decisions[adapter.ENTRY.id].reason
+    assert decisions[adapter.DRIFT_POINT.entry.id].action == Action.SKIPPED
+    assert "the way this vLLM takes it" in decisions[adapter.DRIFT_POINT.entry.id].reason
     assert caller.wait_for_engine_startup is _vllm_function()
-    assert adapter.uninstall(caller) is False
+    assert adapter.DRIFT_POINT.uninstall(caller) is False

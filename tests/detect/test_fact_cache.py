@@ -17,8 +17,8 @@ from vllm_compat.detect.versions import installed_version
 def test_warm_doctor_reads_every_fact_back_and_reports_the_same(tmp_path, monkeypatch):
     """A second report on the same installed files parses nothing (no entry's detect_static, no scan, no import
     drift) and equals the first; a corrupted cache file is ignored and rewritten."""
+    from vllm_compat.catalogue import CATALOGUE, drift_point
     from vllm_compat.detect import import_drift, static
-    from vllm_compat.patches import CATALOGUE, drift_point
     from vllm_compat.reporting import build_report
 
     monkeypatch.setenv("VLLM_COMPAT_CACHE_DIR", str(tmp_path))

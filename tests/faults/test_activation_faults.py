@@ -33,7 +33,7 @@ def out(tmp_path_factory):
 import importlib, io, json, logging, os, sys, threading
 stream = io.StringIO()
 logging.getLogger("vllm_compat").addHandler(logging.StreamHandler(stream))
-logging.getLogger("vllm_compat").setLevel(logging.INFO)
+logging.getLogger("vllm_compat").setLevel(logging.DEBUG)  # the per-entry lines are at DEBUG
 import vllm_compat
 import vllm_compat  # a second import is the cached module
 first_instance = importlib.import_module("vllm_compat.activate")
@@ -44,7 +44,7 @@ for name in [m for m in sys.modules if m == "vllm_compat" or m.startswith("vllm_
 import vllm_compat
 from vllm_compat.patches.diffusers_loader import installed_variant
 from vllm_compat.activate import activate_entry
-from vllm_compat.patches import entry as catalogue_entry
+from vllm_compat.catalogue import entry as catalogue_entry
 def patch_loader_module(module, controls):
     return activate_entry(catalogue_entry("diffusers_loader_meta_device"), module, controls)
 from vllm_compat.config import Controls

@@ -220,7 +220,7 @@ import importlib, json, sys
 sys.path.insert(0, {str(tmp_path / 'shapes')!r})
 import torch
 from vllm_compat.activate import activate_entry
-from vllm_compat.patches import entry as catalogue_entry
+from vllm_compat.catalogue import entry as catalogue_entry
 def patch_loader_module(module, controls):
     return activate_entry(catalogue_entry("diffusers_loader_meta_device"), module, controls)
 from vllm_compat.config import Controls
@@ -358,7 +358,9 @@ def test_uses_meta_device_without_a_compatible_finalize_static(tmp_path, fault):
     from vllm_compat.config import Controls
     from vllm_compat.detect.model import LoaderKind, LoaderShape
     from vllm_compat.detect.static import SourceTree, scan_tree
-    from vllm_compat.patches.diffusers_loader import decide
+    from vllm_compat.patches.diffusers_loader import DRIFT_POINT
+
+    decide = DRIFT_POINT.decide
 
     root = _vllm_tree(tmp_path, FINALIZE_EDITS[fault])
     env = scan_tree(SourceTree(root), versions={"vllm": "0.99.0"})

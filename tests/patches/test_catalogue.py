@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
 import re
@@ -10,15 +11,12 @@ from pathlib import Path
 import pytest
 
 import vllm_compat
-from vllm_compat.patches import CATALOGUE, PatchEntry, drift_point
+from vllm_compat.catalogue import CATALOGUE, KINDS, Entry, drift_point
+from vllm_compat.drift import DriftPoint
 
 PACKAGE = Path(vllm_compat.__file__).parent
-INTERFACE = ("ENTRY", "detect_static", "detect_runtime", "decide", "locate", "prepare", "install", "uninstall",
-             "in_place", "compare", "facts_dict")
-KINDS = {"patch", "stand-in", "alias", "adapter"}
-# Layers that must never name a target: they iterate the catalogue. detect/ describes what the installed
-# packages can do (the loader's shape is a capability doctor shows), so it reads vllm-omni's files by path.
-GENERIC_MODULES = ("activate.py", "reporting.py", "cli.py", "config.py", "decide.py", "hooks.py",
+# Layers that must never name a target: they iterate the catalogue.
+GENERIC_MODULES = ("activate.py", "reporting.py", "cli.py", "config.py", "decide.py", "hooks.py", "drift.py",
                    "pytest_plugin.py", "__init__.py", "check.py", "patches/__init__.py", "patches/_method.py")
 DRIFT_POINT_PACKAGES = ("vllm_compat.patches", "vllm_compat.bridges")
 
@@ -26,10 +24,7 @@ DRIFT_POINT_PACKAGES = ("vllm_compat.patches", "vllm_compat.bridges")
 def _drift_point_modules() -> set[str]:
     found = set()
     for package_name in DRIFT_POINT_PACKAGES:
-        try:
-            package = importlib.import_module(package_name)
-        except ImportError:
-            continue
+        package = importlib.import_module(package_name)
         for info in pkgutil.iter_modules(package.__path__):
             if not info.name.startswith("_") and info.name != "catalogue":
                 found.add(f"{package_name}.{info.name}")
@@ -41,7 +36,7 @@ def test_ids_are_unique_and_every_field_is_filled():
     assert len(ids) == len(set(ids)), ids
     for entry in CATALOGUE:
         assert entry.kind in KINDS, entry.id
-        assert all(getattr(entry, name) for name in PatchEntry.__slots__), entry.to_dict()
+        assert all(getattr(entry, name) for name in Entry.__slots__), entry.to_dict()
         assert re.fullmatch(r"[a-z0-9_]+", entry.id), entry.id
 
 
@@ -56,14 +51,21 @@ def test_every_entry_has_a_module_and_every_module_an_entry():
 
 
 @pytest.mark.parametrize("entry", CATALOGUE, ids=[e.id for e in CATALOGUE])
-def test_every_module_answers_the_whole_interface_and_opens_with_why_when_retire(entry):
-    module = drift_point(entry)
-    missing = [name for name in INTERFACE if not hasattr(module, name)]
-    assert missing == [], f"{entry.module} lacks {missing}"
-    assert module.ENTRY is entry
-    doc = module.__doc__ or ""
-    for heading in ("Why:", "When:", "Retire when:"):
-        assert heading in doc, f"{entry.module}'s docstring has no {heading!r}"
+def test_every_module_exports_one_drift_point_that_finds_its_own_row(entry):
+    point = drift_point(entry)
+    assert isinstance(point, DriftPoint), f"{entry.module}.DRIFT_POINT is {point!r}"
+    assert type(point).__module__ == entry.module, "the drift point's class is defined in its own module"
+    assert point.entry is entry
+    for name in ("detect_static", "detect_runtime", "decide", "install", "uninstall"):
+        assert getattr(type(point), name) is not getattr(DriftPoint, name), f"{entry.id} leaves {name} undefined"
+
+
+@pytest.mark.parametrize("entry", CATALOGUE, ids=[e.id for e in CATALOGUE])
+def test_drift_point_modules_do_not_import_the_catalogue(entry):
+    """The catalogue names the drift points by string; a drift point finds its row through ``DriftPoint.entry``."""
+    source = Path(importlib.import_module(entry.module).__file__).read_text()
+    imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
+    assert not {m for m in imported if m and m.endswith("catalogue")}, f"{entry.module} imports the catalogue"
 
 
 @pytest.mark.parametrize("entry", CATALOGUE, ids=[e.id for e in CATALOGUE])
@@ -84,15 +86,9 @@ def test_drift_point_modules_import_neither_torch_nor_vllm(tmp_path):
 
     result = run_python(
         "import sys\n"
-        "from vllm_compat.patches import CATALOGUE, drift_point\n"
+        "from vllm_compat.catalogue import CATALOGUE, drift_point\n"
         "[drift_point(e) for e in CATALOGUE]\n"
         "print(sorted(m for m in ('torch', 'vllm', 'vllm_omni', 'wrapt') if m in sys.modules))\n"
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
-
-
-def test_readme_catalogue_table_lists_every_entry():
-    readme = (PACKAGE.parent / "README.md").read_text()
-    for entry in CATALOGUE:
-        assert f"| `{entry.id}` | {entry.kind} |" in readme, f"README's catalogue table lacks {entry.id}"

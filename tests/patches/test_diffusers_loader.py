@@ -174,7 +174,7 @@ def test_installed_method_forwards_extra_keyword_arguments(oq, shapes, deps):
         patched = vars(FutureLoader)["_process_weights_after_loading"]
     finally:
         del diffusers_loader.VARIANT_FUNCTIONS["spy"]
-        diffusers_loader.uninstall(FutureLoader)
+        diffusers_loader.DRIFT_POINT.uninstall(FutureLoader)
     assert calls == [
         (FutureLoader, model, CPU, {"offload_plan": "plan"}),
         (FutureLoader, model, CPU, {}),
@@ -251,7 +251,7 @@ def test_installed_patch_meets_the_finalize_contract_like_the_in_tree_fix(shapes
         _assert_upstream_finalize_contract(
             monkeypatch, lambda model, device: object.__new__(Loader)._process_weights_after_loading(model, device))
     finally:
-        diffusers_loader.uninstall(Loader)
+        diffusers_loader.DRIFT_POINT.uninstall(Loader)
     if kind == "gated":
         _assert_upstream_finalize_contract(monkeypatch, lambda model, device: original(object.__new__(cls), model,
                                                                                       device))

@@ -37,7 +37,7 @@ def order_shape():
     from vllm_compat.detect.static import StaticSite
     from vllm_compat.patches import hsdp_load_order
 
-    return hsdp_load_order.detect_static(StaticSite.installed())
+    return hsdp_load_order.DRIFT_POINT.detect_static(StaticSite.installed())
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +85,8 @@ def test_installed_vllm_omni_shape_is_detected_the_same_statically_and_live(orde
     from vllm_compat.detect.runtime import LOADER_MODULE
     from vllm_compat.patches import hsdp_load_order
 
-    live = hsdp_load_order.detect_runtime(importlib.import_module(LOADER_MODULE))
-    assert hsdp_load_order.compare(order_shape, live) == []
+    live = hsdp_load_order.DRIFT_POINT.detect_runtime(importlib.import_module(LOADER_MODULE))
+    assert hsdp_load_order.DRIFT_POINT.compare(order_shape, live) == []
     assert order_shape.kind in ("process_after_shard", "process_before_shard"), order_shape
 
 
@@ -151,8 +151,10 @@ SHAPES = {
 
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_load_order_shapes_and_decisions(name):
+    from vllm_compat.catalogue import entry
     from vllm_compat.config import Controls
-    from vllm_compat.patches import decide_entry, entry, hsdp_load_order
+    from vllm_compat.decide import decide_entry
+    from vllm_compat.patches import hsdp_load_order
 
     source, kind, action = SHAPES[name]
     order = hsdp_load_order.classify_class_source(source)

@@ -1,21 +1,22 @@
 """Bridges: names vLLM removed or moved that an installed vllm-omni still imports.
 
-Each bridge is a drift point like the patches (one module, one catalogue entry, the interface documented in
-``vllm_compat.patches``), of kind "stand-in" (our own smallest definition of a removed name), "alias" or
-"adapter". A bridge is installed only where the installed vLLM lacks the name and only while an installed
-vllm-omni imports it; it never replaces a name vLLM defines, and what it puts in place carries a
-``_vllm_compat_stand_in`` mark (the entry id) so that uninstall removes exactly that and nothing else.
+Each bridge is a drift point like the patches (one module deriving ``vllm_compat.drift.DriftPoint``, one catalogue
+row), of kind "stand-in" (our own smallest definition of a removed name), "alias" or "adapter". A bridge is
+installed only where the installed vLLM lacks the name and only while an installed vllm-omni imports it; it never
+replaces a name vLLM defines, and what it puts in place carries vllm_compat's one mark (``drift.MARK``, the entry
+id) so that uninstall removes exactly that and nothing else.
 
-This module holds what the stand-ins share: reading which vllm-omni files import a name (files only, never
-``import vllm_omni``: the hook that asks runs while vllm-omni is being imported) and providing / withdrawing a
-marked object. Like every drift-point module, it imports neither torch nor vLLM.
+This module holds what the bridges share: reading which vllm-omni files import a name (files only, never
+``import vllm_omni``: the hook that asks runs while vllm-omni is being imported), where vLLM has a name, and the
+stand-ins' decision table. Providing / withdrawing a marked object is the install primitive's (``drift.provide`` /
+``drift.withdraw``, re-exported here). Like every drift-point module, it imports neither torch nor vLLM.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-MARK = "_vllm_compat_stand_in"  # on what a stand-in installs: the catalogue entry id
+from ..drift import MARK, is_ours, provide, withdraw  # noqa: F401 - the install primitive, re-exported
 
 
 class HostKind:
@@ -36,11 +37,6 @@ class StandInFacts:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def is_ours(obj, entry_id: str | None = None) -> bool:
-    mark = getattr(obj, MARK, None)
-    return mark is not None and (entry_id is None or mark == entry_id)
 
 
 def omni_importers(tree, files: tuple[str, ...], module: str, name: str | None) -> tuple[str, ...]:
@@ -68,6 +64,28 @@ def omni_importers(tree, files: tuple[str, ...], module: str, name: str | None) 
     return tuple(found)
 
 
+def calls_of(source: str, module: str, name: str) -> list:
+    """The calls of ``name`` in ``source`` where the name comes from ``from module import name`` (aliases followed),
+    as parsed ``ast.Call`` nodes in source order; a method or attribute of the same name is someone else's.
+    ``SyntaxError`` propagates."""
+    import ast
+
+    tree = ast.parse(source)
+    bound = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module == module and not node.level for alias in node.names if alias.name == name}
+    calls = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in bound]
+    return sorted(calls, key=lambda node: (node.lineno, node.col_offset)) if bound else []
+
+
+def imports_name(source: str, module: str, name: str) -> bool:
+    """Whether ``source`` binds ``name`` with ``from module import name`` (``SyntaxError`` propagates)."""
+    import ast
+
+    return any(isinstance(node, ast.ImportFrom) and node.module == module and not node.level
+               and any(alias.name == name for alias in node.names) for node in ast.walk(ast.parse(source)))
+
+
 def installed_omni_tree():
     """The installed vllm-omni's files (a ``SourceTree``), found without importing ``vllm_omni``."""
     from ..detect.source_tree import tree_of
@@ -86,36 +104,11 @@ def host_lookup(vllm_tree, module: str, name: str | None) -> str:
                                                                                                HostKind.UNKNOWN)
 
 
-def provide(owner, name: str, value, entry_id: str) -> bool:
-    """Set ``owner.name = value`` (value marked with ``entry_id``) where ``owner`` lacks the name. False when ours
-    is already there (a no-op); ``PatchRefusedError`` when something else is (never replace vLLM's own)."""
-    from ..errors import PatchRefusedError
-
-    current = vars(owner).get(name)
-    if current is not None and is_ours(current, entry_id):
-        return False
-    if name in vars(owner):
-        raise PatchRefusedError(
-            f"{owner.__name__}.{name} exists ({current!r}) and is not vllm_compat's stand-in; left as it is. "
-            f"The installed vLLM defines it, so the stand-in is not needed.")
-    setattr(value, MARK, entry_id)
-    setattr(owner, name, value)
-    return True
-
-
-def withdraw(owner, name: str, entry_id: str) -> bool:
-    """Remove ``owner.name`` if it is ours (``entry_id``'s); False when nothing of ours was there."""
-    if not is_ours(vars(owner).get(name), entry_id):
-        return False
-    delattr(owner, name)
-    return True
-
-
 def provided_by_decisions(decisions) -> dict[str, str]:
     """{``module.name``: entry id} for every bridge decided "patched" among ``decisions``: what the import-drift
     report counts as bridged (an entry's one target, and the many an alias decision names). Disabled, skipped or
     refused bridges provide nothing."""
-    from ..patches import entry as catalogue_entry
+    from ..catalogue import entry as catalogue_entry
 
     provided = {}
     for decision in decisions:

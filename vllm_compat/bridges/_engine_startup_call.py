@@ -5,7 +5,7 @@ vLLM 0.28.0 kept ``vllm.v1.engine.utils.wait_for_engine_startup`` but changed it
 coord_process)`` to 6, ``(handshake_socket, core_engines, parallel_config, coordinated_dp, cache_config, launch)``,
 with addresses, engine manager and coordinator in one ``CoreEngineLaunch``. vllm-omni 0.24.0 makes the old call in
 more than one module; each such module is its own catalogue entry (its own import hook, decision and binding), and
-its drift-point module is a ``CallAdapter`` over its entry, built here, so the shape checks, the launch object and
+its drift-point module derives ``CallAdapter``, built here, so the shape checks, the launch object and
 the adapter are written once.
 
 How: the caller module's own binding ``wait_for_engine_startup`` (from its ``from vllm.v1.engine.utils import``) is
@@ -32,8 +32,9 @@ import textwrap
 from dataclasses import asdict, dataclass
 
 from ..decide import Action, Decision
+from ..drift import DriftPoint, mark, replace, restore, unwrap
 from ..errors import PatchRefusedError
-from . import MARK, is_ours
+from . import calls_of
 
 NAME = "wait_for_engine_startup"  # vLLM's function, and each caller module's binding of it
 CALLEE_MODULE = "vllm.v1.engine.utils"
@@ -134,24 +135,23 @@ def _fits(call: ast.Call, params: tuple[str, ...]) -> bool:
 def classify_caller(source: str) -> tuple[str, tuple[str, ...], str]:
     """(``CallShape``, ``"line N: shape"`` per call, detail) of the calls of vLLM's function in a vllm-omni
     module's ``source``; the name must come from ``from vllm.v1.engine.utils import`` (aliases followed)."""
+    from . import imports_name
+
     try:
-        tree = ast.parse(source)
+        found = calls_of(source, CALLEE_MODULE, NAME)
     except SyntaxError as exc:
         return CallShape.UNKNOWN, (), f"source does not parse: {exc.msg} (line {exc.lineno})"
-    bound = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-             and node.module == CALLEE_MODULE and not node.level for alias in node.names if alias.name == NAME}
-    if not bound:
+    if not found and not imports_name(source, CALLEE_MODULE, NAME):
         return CallShape.NO_CALL, (), f"it does not import {NAME} from {CALLEE_MODULE}"
     calls, shapes = [], set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in bound:
-            starred = any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords)
-            fits = {shape for shape, params in ((CallShape.ADDRESSES, ADDRESSES_PARAMS),
-                                                (CallShape.LAUNCH, LAUNCH_PARAMS)) if _fits(node, params)}
-            shape = fits.pop() if len(fits) == 1 and not starred else CallShape.UNKNOWN
-            shapes.add(shape)
-            calls.append(f"line {node.lineno}: {shape} ({len(node.args)} positional"
-                         f"{', keywords ' + ', '.join(str(k.arg) for k in node.keywords) if node.keywords else ''})")
+    for node in found:
+        starred = any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords)
+        fits = {shape for shape, params in ((CallShape.ADDRESSES, ADDRESSES_PARAMS),
+                                            (CallShape.LAUNCH, LAUNCH_PARAMS)) if _fits(node, params)}
+        shape = fits.pop() if len(fits) == 1 and not starred else CallShape.UNKNOWN
+        shapes.add(shape)
+        calls.append(f"line {node.lineno}: {shape} ({len(node.args)} positional"
+                     f"{', keywords ' + ', '.join(str(k.arg) for k in node.keywords) if node.keywords else ''})")
     calls.sort(key=lambda c: int(c.split(":")[0].split()[1]))
     if not calls:
         return CallShape.NO_CALL, (), f"it imports {NAME} but never calls it"
@@ -200,8 +200,7 @@ def _proc_manager_view_type(proc_manager_cls: type, entry_id: str) -> type:
         def finished_procs(self):
             return self._vllm_compat_manager.finished_procs()
 
-    setattr(ProcManagerView, MARK, entry_id)
-    return ProcManagerView
+    return mark(ProcManagerView, entry_id)
 
 
 def as_launch(launch_cls: type, proc_manager_cls: type, addresses, proc_manager, coord_process, entry_id: str):
@@ -227,8 +226,7 @@ def make_adapter(original, launch_cls: type, proc_manager_cls: type, entry_id: s
     adapter.__wrapped__ = original
     adapter.__signature__ = inspect.Signature(  # the call it takes, not the wrapped one's
         [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in ADDRESSES_PARAMS])
-    setattr(adapter, MARK, entry_id)
-    return adapter
+    return mark(adapter, entry_id)
 
 
 @dataclass(frozen=True)
@@ -238,18 +236,17 @@ class _Target:
     proc_manager_cls: type
 
 
-class CallAdapter:
-    """The drift-point interface (``vllm_compat.patches``) for one caller module: ``entry.target_module`` is the
-    vllm-omni module whose binding is adapted. A drift-point module binds these methods as its module functions."""
+class CallAdapter(DriftPoint):
+    """The drift point for one caller module: the catalogue row's ``target_module`` is the vllm-omni module whose
+    binding of ``wait_for_engine_startup`` is adapted. Each caller module's drift-point module defines a subclass
+    (its row is found by the subclass's module) and exports one instance."""
 
-    def __init__(self, entry) -> None:
-        if entry.target != NAME:
-            raise ValueError(f"{entry.id}: a {NAME} call adapter must target {NAME}, not {entry.target}")
-        self.entry = entry
-        self.caller_file = entry.target_module.replace(".", "/") + ".py"
+    @property
+    def caller_file(self) -> str:
+        return self.target_module.replace(".", "/") + ".py"
 
     def make_adapter(self, original, launch_cls: type, proc_manager_cls: type):
-        return make_adapter(original, launch_cls, proc_manager_cls, self.entry.id, self.entry.target_module)
+        return make_adapter(original, launch_cls, proc_manager_cls, self.id, self.target_module)
 
     def detect_static(self, site) -> CallShapes:
         if not site.vllm_tree.has_package("vllm"):
@@ -263,11 +260,6 @@ class CallAdapter:
             caller = classify_caller(caller_source)
         return _shapes(callee, caller)
 
-    def _unwrap_ours(self, func):
-        while is_ours(func, self.entry.id):
-            func = func.__wrapped__
-        return func
-
     def detect_runtime(self, module) -> CallShapes:
         """The caller's shape from the module's source file; the callee's from the live function's source, which
         must agree with its ``inspect.signature``."""
@@ -279,7 +271,7 @@ class CallAdapter:
         func = getattr(vllm_utils, NAME, None) if vllm_utils is not None else None
         if func is None:
             return _shapes((CallShape.UNKNOWN, f"{CALLEE_MODULE}.{NAME} is not loaded"), caller)
-        func = self._unwrap_ours(func)
+        func = unwrap(func)
         try:
             callee_tree = ast.parse(inspect.getsource(vllm_utils))
             parsed = next(iter(ast.parse(textwrap.dedent(inspect.getsource(func))).body), None)
@@ -293,38 +285,33 @@ class CallAdapter:
         return _shapes(callee, caller)
 
     def decide(self, shapes: CallShapes, controls) -> Decision:
-        entry = self.entry
         if CallShape.ABSENT in (shapes.callee, shapes.caller):
-            return entry.decision(Action.PENDING, f"{shapes.detail}; decided when {entry.target_module} is imported")
+            return self.decision(Action.PENDING, f"{shapes.detail}; decided when {self.target_module} is imported")
         if CallShape.UNKNOWN in (shapes.callee, shapes.caller):
-            return entry.decision(Action.REFUSED, f"call shapes not recognized ({shapes.detail}; calls: "
+            return self.decision(Action.REFUSED, f"call shapes not recognized ({shapes.detail}; calls: "
                                   f"{list(shapes.calls) or 'none'}); left unadapted. Set "
-                                  f"VLLM_COMPAT_DISABLE_PATCHES={entry.id} to silence this, or upgrade vllm_compat")
+                                  f"VLLM_COMPAT_DISABLE_PATCHES={self.id} to silence this, or upgrade vllm_compat")
         if shapes.caller == CallShape.NO_CALL:
-            return entry.decision(Action.SKIPPED, f"{entry.target_module}: {shapes.detail.removeprefix('caller: ')}")
+            return self.decision(Action.SKIPPED, f"{self.target_module}: {shapes.detail.removeprefix('caller: ')}")
         if shapes.caller == shapes.callee:
-            return entry.decision(Action.SKIPPED, f"vllm-omni calls {NAME} the way this vLLM takes it "
+            return self.decision(Action.SKIPPED, f"vllm-omni calls {NAME} the way this vLLM takes it "
                                   f"({shapes.callee})")
         if shapes.caller == CallShape.ADDRESSES:
-            return entry.decision(Action.PATCHED, f"vllm-omni calls {NAME} with 8 arguments (addresses, "
+            return self.decision(Action.PATCHED, f"vllm-omni calls {NAME} with 8 arguments (addresses, "
                                   f"proc_manager, coord_process); this vLLM takes 6 with a {LAUNCH_CLASS}; adapted",
                                   VARIANT)
-        return entry.decision(Action.REFUSED, f"vllm-omni calls {NAME} with a {LAUNCH_CLASS} (vLLM >= "
+        return self.decision(Action.REFUSED, f"vllm-omni calls {NAME} with a {LAUNCH_CLASS} (vLLM >= "
                               f"0.28), but this vLLM takes the 8-argument form; vllm_compat adapts only old callers "
                               f"to new vLLMs. Use vLLM >= 0.28 with this vllm-omni")
-
-    def locate(self, module):
-        return module
 
     def prepare(self, owner, shapes: CallShapes) -> _Target:
         """The contract: the module's binding is vLLM's live function (or our adapter around it), that function
         takes ``launch``, and vLLM defines the classes the adapter builds on. Returns what ``install`` needs."""
         from dataclasses import MISSING, fields, is_dataclass
 
-        entry = self.entry
         vllm_utils = sys.modules.get(CALLEE_MODULE)
         live = getattr(vllm_utils, NAME, None)
-        bound = self._unwrap_ours(vars(owner).get(NAME))
+        bound = unwrap(vars(owner).get(NAME))
         launch_cls = getattr(vllm_utils, LAUNCH_CLASS, None)
         proc_manager_cls = getattr(vllm_utils, PROC_MANAGER_CLASS, None)
         problems = []
@@ -344,37 +331,26 @@ class CallAdapter:
         if not isinstance(proc_manager_cls, type):
             problems.append(f"{CALLEE_MODULE}.{PROC_MANAGER_CLASS} is {proc_manager_cls!r}, not a class")
         if problems:
-            raise PatchRefusedError(f"{entry.target_path} cannot be adapted: {'; '.join(problems)}. Left as it is; "
-                                    f"set VLLM_COMPAT_DISABLE_PATCHES={entry.id} to silence this, or upgrade "
+            raise PatchRefusedError(f"{self.target_path} cannot be adapted: {'; '.join(problems)}. Left as it is; "
+                                    f"set VLLM_COMPAT_DISABLE_PATCHES={self.id} to silence this, or upgrade "
                                     f"vllm_compat.")
         return _Target(live, launch_cls, proc_manager_cls)
 
     def install(self, owner, decision: Decision, target: _Target) -> bool:
         """Rebind the module's name to the adapter; False when ours is already there."""
-        if is_ours(vars(owner).get(NAME), self.entry.id):
-            return False
-        setattr(owner, NAME, self.make_adapter(target.original, target.launch_cls, target.proc_manager_cls))
-        return True
+        return replace(owner, NAME, lambda original: self.make_adapter(target.original, target.launch_cls,
+                                                                       target.proc_manager_cls), self.id)
 
     def uninstall(self, owner) -> bool:
         """Put back the exact object the module had bound; False when the binding is not this entry's adapter."""
-        current = vars(owner).get(NAME)
-        if not is_ours(current, self.entry.id):
-            return False
-        setattr(owner, NAME, current.__wrapped__)
-        return True
-
-    def in_place(self, owner):
-        return vars(owner).get(NAME) if owner is not None else None
+        return restore(owner, NAME, self.id)
 
     def compare(self, static: CallShapes, runtime: CallShapes) -> list[str]:
         differences = []
         if static.callee != runtime.callee and CallShape.ABSENT not in (static.callee, runtime.callee):
             differences.append(f"{CALLEE_MODULE}.{NAME}: {static.callee} (files) != {runtime.callee} (imported)")
         if static.caller != runtime.caller or static.calls != runtime.calls:
-            differences.append(f"{self.entry.target_module}'s calls: {static.caller} {list(static.calls)} (files) != "
+            differences.append(f"{self.target_module}'s calls: {static.caller} {list(static.calls)} (files) != "
                                f"{runtime.caller} {list(runtime.calls)} (imported)")
         return differences
 
-    def facts_dict(self, shapes: CallShapes) -> dict:
-        return shapes.to_dict()

@@ -9,6 +9,7 @@ vLLM 0.28-0.33 it raises ``TypeError: wait_for_engine_startup() takes 6 position
 When: the installed vLLM's function takes ``launch`` (read from its source, and from its live signature) and
 the installed vllm-omni module calls the 8-argument form (read from its source with ``ast``); where both agree
 (vLLM <= 0.27 with vllm-omni 0.24.0, or vllm-omni 0.30.0 on vLLM 0.28+) it stays out.
+Serves: vllm-omni 0.24.0 on vLLM 0.28-0.33 (vLLM <= 0.27 takes the old call; vllm-omni 0.30.0 makes the new).
 Retire when: the oldest supported vllm-omni calls the 6-argument form (0.30.0 does).
 
 How: the module's binding ``wait_for_engine_startup`` is rebound to the old-signature adapter of
@@ -21,7 +22,6 @@ process in ``watched_frontend_processes``, which reports it as a front-end failu
 
 from __future__ import annotations
 
-from ..patches.catalogue import CATALOGUE
 from ._engine_startup_call import (  # noqa: F401 - re-exported: this entry's tests and callers read them here
     ADDRESSES_PARAMS,
     LAUNCH_PARAMS,
@@ -34,18 +34,9 @@ from ._engine_startup_call import (  # noqa: F401 - re-exported: this entry's te
     classify_caller,
 )
 
-ENTRY = next(e for e in CATALOGUE if e.module == __name__)
-_ADAPTER = CallAdapter(ENTRY)
 
-# ---- the drift-point interface (vllm_compat.patches) ----
-detect_static = _ADAPTER.detect_static
-detect_runtime = _ADAPTER.detect_runtime
-decide = _ADAPTER.decide
-locate = _ADAPTER.locate
-prepare = _ADAPTER.prepare
-install = _ADAPTER.install
-uninstall = _ADAPTER.uninstall
-in_place = _ADAPTER.in_place
-compare = _ADAPTER.compare
-facts_dict = _ADAPTER.facts_dict
-make_adapter = _ADAPTER.make_adapter  # (original, launch_cls, proc_manager_cls) -> this entry's adapter
+class DiffusionStageLaunch(CallAdapter):
+    """The adapter on this caller module's binding (its catalogue row's target module)."""
+
+
+DRIFT_POINT = DiffusionStageLaunch()

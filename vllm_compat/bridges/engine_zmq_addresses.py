@@ -11,6 +11,8 @@ installed only where vllm-omni's calls pass ``vllm_config`` / ``num_api_servers`
 0.32+ function and both address classes have the shapes below (otherwise refused). A vLLM that defines it (<= 0.31)
 keeps its own. It must be in place before that module is imported: the hook on ``vllm.v1.engine.utils`` (registered
 by the startup ``.pth``) installs it.
+Serves: vllm-omni 0.24.0 and 0.30.0 (installed with vLLM's transformers range) on vLLM 0.32-0.33 (vLLM <= 0.31 keeps
+its own).
 Retire when: the oldest supported vllm-omni no longer imports ``vllm.v1.engine.utils.get_engine_zmq_addresses``.
 
 The definition is the smallest that satisfies the callers: vllm-omni 0.24.0 calls it once,
@@ -34,23 +36,11 @@ from __future__ import annotations
 
 import ast
 import sys
-from dataclasses import asdict, dataclass
 
-from ..decide import Action, Decision
-from ..errors import PatchRefusedError
-from ..patches.catalogue import CATALOGUE
-from . import (
-    HostKind,
-    StandInFacts,
-    host_lookup,
-    installed_omni_tree,
-    omni_importers,
-)
-from ._name_stand_in import NameStandIn
+from ._name_stand_in import FunctionStandIn, FunctionStandInFacts, Shape
 
-ENTRY = next(e for e in CATALOGUE if e.module == __name__)
-NAME = ENTRY.target
-HOST_FILE = ENTRY.target_module.replace(".", "/") + ".py"
+MODULE, NAME = "vllm.v1.engine.utils", "get_engine_zmq_addresses"  # the catalogue row's target
+HOST_FILE = MODULE.replace(".", "/") + ".py"
 # The vllm-omni files that import it (0.24.0 and 0.30.0): read, never imported.
 IMPORTERS = ("vllm_omni/engine/stage_engine_startup.py",)
 # vLLM 0.32+'s function and classes the stand-in is built on, with the shapes it relies on.
@@ -59,39 +49,13 @@ REPLACEMENT_PARAMS = ("vllm_config", "num_api_servers")  # num_api_servers with 
 BIND_CLASS, BIND_FIELDS = "EngineZmqBindAddresses", ("inputs", "outputs")
 ADDRESSES_CLASS, ADDRESSES_REQUIRED = "EngineZmqAddresses", ("inputs", "outputs")  # the rest default to None
 CALL_ARGS = ("vllm_config", "num_api_servers")  # what a vllm-omni call may pass, positionally or by name
-
-
-class Shape:
-    KNOWN = "known"
-    UNKNOWN = "unknown"  # refused, with the detail
-    ABSENT = "absent"  # vLLM not installed, or not yet imported
-
-
-@dataclass(frozen=True)
-class ZmqAddressesFacts:
-    """A stand-in's facts (``host``, ``importers``) plus both shapes it is built between: ``replacement``, vLLM's
-    0.32+ function and classes; ``callers``, vllm-omni's calls of the old name (``calls``: ``"module:line: ..."``
-    each); ``detail`` says what was found where a shape is unknown."""
-
-    host: str
-    importers: tuple[str, ...] = ()
-    replacement: str = Shape.ABSENT
-    callers: str = Shape.ABSENT
-    calls: tuple[str, ...] = ()
-    detail: str = ""
-
-    @property
-    def stand_in(self) -> StandInFacts:
-        return StandInFacts(self.host, self.importers)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+ZmqAddressesFacts = FunctionStandInFacts
 
 
 def get_engine_zmq_addresses(vllm_config, num_api_servers: int = 1):
     """vLLM <= 0.31's frontend ZMQ addresses, with its default deferred TCP ports (stand-in by vllm_compat): vLLM
     0.32+'s ``get_engine_zmq_bind_addresses`` in an ``EngineZmqAddresses``."""
-    utils = sys.modules[ENTRY.target_module]
+    utils = sys.modules[MODULE]
     bind = getattr(utils, REPLACEMENT)(vllm_config, num_api_servers)
     return getattr(utils, ADDRESSES_CLASS)(inputs=list(bind.inputs), outputs=list(bind.outputs))
 
@@ -113,7 +77,7 @@ def _replacement_from_source(source: str | None) -> tuple[str, str]:
                 tuple(f.target.id for f in annotated if f.value is not None))
 
     if func is None:
-        return Shape.UNKNOWN, f"{ENTRY.target_module} has neither {NAME} nor {REPLACEMENT}"
+        return Shape.UNKNOWN, f"{MODULE} has neither {NAME} nor {REPLACEMENT}"
     params = tuple(a.arg for a in func.args.posonlyargs + func.args.args)
     extra = func.args.vararg or func.args.kwarg or func.args.kwonlyargs
     return _judge(params, len(func.args.defaults), bool(extra), fields(BIND_CLASS), fields(ADDRESSES_CLASS))
@@ -125,7 +89,7 @@ def _replacement_from_module(module) -> tuple[str, str]:
 
     func = vars(module).get(REPLACEMENT)
     if func is None:
-        return Shape.UNKNOWN, f"{ENTRY.target_module} has neither {NAME} nor {REPLACEMENT}"
+        return Shape.UNKNOWN, f"{MODULE} has neither {NAME} nor {REPLACEMENT}"
     parameters = list(inspect.signature(func).parameters.values())
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     extra = len(positional) != len(parameters)
@@ -158,94 +122,22 @@ def _judge(params, defaults: int, extra: bool, bind_fields, addresses_fields) ->
     return Shape.KNOWN, ""
 
 
-def _callers(tree) -> tuple[str, tuple[str, ...], str]:
-    """(``Shape``, ``"module:line: ..."`` per call, detail) of vllm-omni's calls of the old name (``from
-    vllm.v1.engine.utils import``, aliases followed; a method of the same name, ``self.get_engine_zmq_addresses``,
-    is someone else's)."""
-    calls, unknown = [], []
-    for relpath in IMPORTERS:
-        source = tree.read(relpath)
-        if source is None:
-            continue
-        importer = relpath[:-3].replace("/", ".")
-        parsed = ast.parse(source)
-        bound = {alias.asname or alias.name for node in ast.walk(parsed) if isinstance(node, ast.ImportFrom)
-                 and node.module == ENTRY.target_module and not node.level for alias in node.names
-                 if alias.name == NAME}
-        for node in ast.walk(parsed):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in bound):
-                continue
-            keywords = [k.arg for k in node.keywords]
-            fits = (not any(isinstance(a, ast.Starred) for a in node.args) and None not in keywords
-                    and len(node.args) <= len(CALL_ARGS) and set(keywords) <= set(CALL_ARGS[len(node.args):]))
-            named = f", keywords {', '.join(keywords)}" if keywords else ""
-            call = f"{importer}:{node.lineno}: {len(node.args)} positional{named}"
-            calls.append(call)
-            if not fits:
-                unknown.append(call)
-    calls.sort(key=lambda c: (c.split(":")[0], int(c.split(":")[1])))
-    if unknown:
-        return Shape.UNKNOWN, tuple(calls), (f"vllm-omni calls {NAME} with arguments the stand-in does not take "
-                                             f"({'; '.join(unknown)}; it takes {', '.join(CALL_ARGS)})")
-    return Shape.KNOWN, tuple(calls), ""
+# ---- the drift point ----
+
+class EngineZmqAddressesStandIn(FunctionStandIn):
+    importers = IMPORTERS
+    removed_in = "0.32"
+    call_args = CALL_ARGS
+    built_on = REPLACEMENT
+
+    def build(self, owner):
+        return get_engine_zmq_addresses
+
+    def replacement_from_files(self, site) -> tuple[str, str]:
+        return _replacement_from_source(site.vllm_tree.read(HOST_FILE))
+
+    def replacement_from_module(self, module) -> tuple[str, str]:
+        return _replacement_from_module(module)
 
 
-def _facts(host: str, omni_tree, replacement: tuple[str, str]) -> ZmqAddressesFacts:
-    importers = omni_importers(omni_tree, IMPORTERS, ENTRY.target_module, NAME)
-    callers, calls, caller_detail = _callers(omni_tree)
-    detail = "; ".join(d for d in (replacement[1], caller_detail) if d)
-    return ZmqAddressesFacts(host, importers, replacement[0], callers, calls, detail)
-
-
-# ---- the drift-point interface (vllm_compat.patches) ----
-
-STAND_IN = NameStandIn(ENTRY, IMPORTERS, removed_in="0.32", value=get_engine_zmq_addresses)
-locate, install, uninstall, in_place, facts_dict = (STAND_IN.locate, STAND_IN.install, STAND_IN.uninstall,
-                                                    STAND_IN.in_place, STAND_IN.facts_dict)
-
-
-def detect_static(site) -> ZmqAddressesFacts:
-    host = host_lookup(site.vllm_tree, ENTRY.target_module, NAME)
-    needs_replacement = host in (HostKind.LACKS, HostKind.UNKNOWN)
-    replacement = _replacement_from_source(site.vllm_tree.read(HOST_FILE)) if needs_replacement else (Shape.ABSENT, "")
-    return _facts(host, site.omni_tree, replacement)
-
-
-def detect_runtime(module) -> ZmqAddressesFacts:
-    host = STAND_IN.host_in_module(module)
-    replacement = _replacement_from_module(module) if host == HostKind.LACKS else (Shape.ABSENT, "")
-    return _facts(host, installed_omni_tree(), replacement)
-
-
-def decide(facts: ZmqAddressesFacts, controls) -> Decision:
-    decision = STAND_IN.decide(facts.stand_in)
-    if decision.action != Action.PATCHED:
-        return decision
-    if Shape.UNKNOWN in (facts.replacement, facts.callers):
-        return ENTRY.decision(Action.REFUSED, f"vLLM lacks {ENTRY.target_path} and vllm-omni imports it, but the "
-                              f"shapes are not the measured ones ({facts.detail}); left out. Set "
-                              f"VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} to silence this, or upgrade vllm_compat")
-    return ENTRY.decision(Action.PATCHED, f"{decision.reason}, over vLLM's {REPLACEMENT}")
-
-
-def prepare(owner, facts: ZmqAddressesFacts):
-    """The contract: the module does not define the name itself (ours may be there already), and its replacement
-    has the shape the stand-in calls (checked on the live objects)."""
-    value = STAND_IN.prepare(owner, facts.stand_in)
-    shape, detail = _replacement_from_module(owner)
-    if shape != Shape.KNOWN:
-        raise PatchRefusedError(f"{ENTRY.target_path} cannot be provided: {detail}. Left out; set "
-                                f"VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} to silence this, or upgrade vllm_compat.")
-    return value
-
-
-
-
-def compare(static: ZmqAddressesFacts, runtime: ZmqAddressesFacts) -> list[str]:
-    differences = STAND_IN.compare(static.stand_in, runtime.stand_in)
-    if HostKind.ABSENT not in (static.host, runtime.host) and static.replacement != runtime.replacement:
-        differences.append(f"{REPLACEMENT} and its classes: {static.replacement} (files) != {runtime.replacement} "
-                           f"(imported); {static.detail or runtime.detail}")
-    if static.calls != runtime.calls:
-        differences.append(f"vllm-omni's calls of {NAME}: {list(static.calls)} != {list(runtime.calls)}")
-    return differences
+DRIFT_POINT = EngineZmqAddressesStandIn()

@@ -11,6 +11,7 @@ When: vLLM's fp8 module lacks the name and an installed vllm-omni imports it (re
 installed vLLM's ``set_weight_attrs`` takes ``(weight, weight_attrs)`` (otherwise refused); a vLLM that defines it
 (<= 0.26) keeps its own. Installed by the hook on the fp8 module, so it is there before a quant config imports it.
 ``CopyNumelCounter``, the configs' other fp8 name, is vLLM's own on 0.27 and bridged by ``moved_names`` on 0.28+.
+Serves: vllm-omni 0.24.0 on vLLM 0.27-0.33 (vLLM <= 0.26 keeps its own; vllm-omni 0.30.0 imports its own copy).
 Retire when: the oldest supported vllm-omni no longer imports it from vLLM (0.30.0 does not: it re-homed the same
 definition as ``vllm_omni.quantization._copy_missing_attrs.copy_missing_attrs``).
 
@@ -29,11 +30,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import PatchRefusedError
-from ..patches.catalogue import CATALOGUE
 from ._name_stand_in import NameStandIn
 
-ENTRY = next(e for e in CATALOGUE if e.module == __name__)
-NAME = ENTRY.target
+NAME = "_copy_missing_attrs"  # the catalogue row's target, on vllm.model_executor.layers.quantization.fp8
 # The vllm-omni files that import it (0.24.0; 0.30.0 imports its own copy): read, never imported.
 IMPORTERS = ("vllm_omni/quantization/int8_config.py", "vllm_omni/quantization/mxfp8_config.py",
              "vllm_omni/quantization/mxfp4_config.py")
@@ -55,9 +54,15 @@ def _copy_missing_attrs(old, new) -> None:
     set_weight_attrs(new, attrs_to_set)
 
 
-# ---- the drift-point interface (vllm_compat.patches) ----
+# ---- the drift point ----
 
-class _OnSetWeightAttrs(NameStandIn):
+class CopyMissingAttrsStandIn(NameStandIn):
+    importers = IMPORTERS
+    removed_in = "0.27"
+
+    def build(self, owner):
+        return _copy_missing_attrs
+
     def prepare(self, owner, facts):
         """The contract: the module does not define the name itself (ours may be there already), and vLLM's
         ``set_weight_attrs`` is there taking ``(weight, weight_attrs)``; ``PatchRefusedError`` saying what was found
@@ -70,7 +75,7 @@ class _OnSetWeightAttrs(NameStandIn):
         if not callable(helper):
             raise PatchRefusedError(f"{HELPER_MODULE}.{HELPER} is missing ({helper!r}); the {NAME} stand-in is built "
                                     f"on it, as vLLM 0.26's was, so it is not installed. Set VLLM_COMPAT_DISABLE_PATCHES="
-                                    f"{ENTRY.id} to silence this, and report the vLLM version.")
+                                    f"{self.id} to silence this, and report the vLLM version.")
         try:
             params = tuple(inspect.signature(helper).parameters)
         except (TypeError, ValueError):
@@ -78,11 +83,9 @@ class _OnSetWeightAttrs(NameStandIn):
         if params != HELPER_PARAMS:
             raise PatchRefusedError(f"{HELPER_MODULE}.{HELPER} takes {params}, expected {HELPER_PARAMS} (vLLM "
                                     f"0.24-0.33); the {NAME} stand-in calls it as vLLM 0.26 did, so it is not "
-                                    f"installed. Set VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} to silence this, and "
+                                    f"installed. Set VLLM_COMPAT_DISABLE_PATCHES={self.id} to silence this, and "
                                     "report the vLLM version.")
         return value
 
 
-STAND_IN = _OnSetWeightAttrs(ENTRY, IMPORTERS, removed_in="0.27", value=_copy_missing_attrs)
-(detect_static, detect_runtime, decide, locate, prepare, install, uninstall, in_place, compare,
- facts_dict) = STAND_IN.interface()
+DRIFT_POINT = CopyMissingAttrsStandIn()

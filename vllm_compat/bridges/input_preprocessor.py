@@ -7,6 +7,7 @@ renderer (``vllm.renderers.BaseRenderer``); vLLM 0.29 removed the module (the re
 ``ModuleNotFoundError: No module named 'vllm.inputs.preprocess'`` on vLLM 0.29-0.33 while ``import vllm_omni`` works.
 When: ``vllm.inputs`` is imported without a ``preprocess`` submodule and an installed vllm-omni imports it (read
 from vllm-omni's files); a vLLM that has the module (<= 0.28) keeps its own. vllm-omni 0.30.0 no longer imports it.
+Serves: vllm-omni 0.24.0 on vLLM 0.29-0.33 (vLLM <= 0.28 keeps its own; vllm-omni 0.30.0 does not import it).
 Retire when: the oldest supported vllm-omni no longer imports ``vllm.inputs.preprocess`` (0.30.0 does not).
 
 The whole module is gone, so the target is the parent: on ``import vllm.inputs`` a module object holding our class
@@ -28,10 +29,9 @@ from __future__ import annotations
 import sys
 
 from ..decide import Decision
+from ..drift import mark, provide, withdraw
 from ..errors import PatchRefusedError
-from ..patches.catalogue import CATALOGUE
 from . import (
-    MARK,
     HostKind,
     StandInFacts,
     compare_stand_in,
@@ -40,13 +40,12 @@ from . import (
     installed_omni_tree,
     is_ours,
     omni_importers,
-    provide,
-    withdraw,
 )
+from ._name_stand_in import NameStandIn
 
-ENTRY = next(e for e in CATALOGUE if e.module == __name__)
-NAME = ENTRY.target  # the submodule's name on its parent
-MODULE = ENTRY.target_path  # the module vLLM removed
+ENTRY_ID = "input_preprocessor"
+PARENT, NAME = "vllm.inputs", "preprocess"  # the catalogue row's target: the submodule's name on its parent
+MODULE = f"{PARENT}.{NAME}"  # the module vLLM removed
 # The vllm-omni files that import it (0.24.0; 0.30.0 imports it nowhere): read, never imported.
 IMPORTERS = ("vllm_omni/inputs/preprocess.py", "vllm_omni/entrypoints/async_omni.py")
 # What the class delegates to, on vLLM 0.29-0.33's renderer (checked when one is built).
@@ -73,7 +72,7 @@ class InputPreprocessor:
             raise TypeError(
                 f"vllm_compat's stand-in for {MODULE}.InputPreprocessor delegates to vLLM's renderer, but "
                 f"{type(renderer).__qualname__} lacks {', '.join(missing)} (vLLM 0.29-0.33's BaseRenderer has them). "
-                f"Set VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} and use a vllm-omni that does not import {MODULE}.")
+                f"Set VLLM_COMPAT_DISABLE_PATCHES={ENTRY_ID} and use a vllm-omni that does not import {MODULE}.")
         self.renderer = renderer
         self.mm_registry = mm_registry
 
@@ -115,7 +114,7 @@ class InputPreprocessor:
         return self._prompt_to_llm_inputs(parse_dec_only_prompt(prompt), tokenization_kwargs=tokenization_kwargs)
 
 
-setattr(InputPreprocessor, MARK, ENTRY.id)
+mark(InputPreprocessor, ENTRY_ID)
 _stand_in_module = None  # one module object per process: revert + apply puts the same one back
 
 
@@ -130,81 +129,76 @@ def stand_in_module():
                                           f"{__name__}.")
         module.__spec__ = importlib.machinery.ModuleSpec(MODULE, None, origin=__name__)
         module.InputPreprocessor = InputPreprocessor
-        setattr(module, MARK, ENTRY.id)
+        mark(module, ENTRY_ID)
         _stand_in_module = module
     return _stand_in_module
 
 
-# ---- the drift-point interface (vllm_compat.patches) ----
+# ---- the drift point ----
 
-def detect_static(site) -> StandInFacts:
-    host = host_lookup(site.vllm_tree, ENTRY.target_module, NAME)
-    return StandInFacts(host, omni_importers(site.omni_tree, IMPORTERS, MODULE, None))
+class InputPreprocessorStandIn(NameStandIn):
+    """A stand-in module rather than a name: its host is the parent package, and ``sys.modules`` holds it too."""
 
+    importers = IMPORTERS
+    removed_in = "0.29"
 
-def _host_at_runtime(module) -> str:
-    current = sys.modules.get(MODULE) or vars(module).get(NAME)
-    if current is not None:
-        return HostKind.LACKS if is_ours(current, ENTRY.id) else HostKind.DEFINES
-    path = getattr(module, "__path__", None)
-    if path is None:  # not a package: it cannot have the submodule
-        return HostKind.LACKS
-    from importlib.machinery import (
-        PathFinder,  # finds the file without importing it (nor touching sys.modules)
-    )
+    def build(self, owner):
+        return stand_in_module()
 
-    return HostKind.DEFINES if PathFinder.find_spec(MODULE, path) is not None else HostKind.LACKS
+    def facts_from_files(self, site) -> StandInFacts:
+        return StandInFacts(host_lookup(site.vllm_tree, PARENT, NAME),
+                            omni_importers(site.omni_tree, IMPORTERS, MODULE, None))
 
+    def host_in_module(self, module) -> str:
+        """The module in ``sys.modules`` or on the parent is vLLM's unless it is ours; neither there: vLLM ships
+        the submodule when its file is on the parent's path."""
+        found = [m for m in (sys.modules.get(MODULE), vars(module).get(NAME)) if m is not None]
+        if found:
+            return HostKind.LACKS if all(is_ours(m, self.id) for m in found) else HostKind.DEFINES
+        path = getattr(module, "__path__", None)
+        if path is None:  # not a package: it cannot have the submodule
+            return HostKind.LACKS
+        from importlib.machinery import (
+            PathFinder,  # finds the file without importing it (nor touching sys.modules)
+        )
 
-def detect_runtime(module) -> StandInFacts:
-    return StandInFacts(_host_at_runtime(module), omni_importers(installed_omni_tree(), IMPORTERS, MODULE, None))
+        return HostKind.DEFINES if PathFinder.find_spec(MODULE, path) is not None else HostKind.LACKS
 
+    def facts_from_module(self, module) -> StandInFacts:
+        return StandInFacts(self.host_in_module(module), omni_importers(installed_omni_tree(), IMPORTERS, MODULE,
+                                                                        None))
 
-def decide(facts: StandInFacts, controls) -> Decision:
-    return decide_stand_in(ENTRY, facts, MODULE, removed_in="0.29")
+    def decide(self, facts: StandInFacts, controls=None) -> Decision:
+        return decide_stand_in(self.entry, facts, MODULE, removed_in=self.removed_in)
 
+    def prepare(self, owner, facts: StandInFacts) -> None:
+        """The contract: neither ``sys.modules`` nor the parent holds a ``preprocess`` that is not ours, and vLLM
+        ships no such file (ours may be in place already)."""
+        if self.host_in_module(owner) != HostKind.LACKS:
+            current = sys.modules.get(MODULE) or vars(owner).get(NAME)
+            found = repr(current) if current is not None else "a module file in the installed vLLM"
+            raise PatchRefusedError(f"{MODULE} exists ({found}); vllm_compat never replaces a module vLLM defines. "
+                                    "Left as it is.")
 
-def locate(module):
-    return module
+    def install(self, owner, decision: Decision, state) -> bool:
+        """Register the stand-in module in ``sys.modules`` and on the parent; False when both are there already."""
+        module = stand_in_module()
+        added = provide(owner, NAME, module, self.id)
+        if sys.modules.get(MODULE) is None:
+            sys.modules[MODULE] = module
+            added = True
+        return added
 
+    def uninstall(self, owner) -> bool:
+        """Remove the parent attribute and the ``sys.modules`` entry where they are ours; False when neither was."""
+        removed = withdraw(owner, NAME, self.id)
+        if is_ours(sys.modules.get(MODULE), self.id):
+            del sys.modules[MODULE]
+            removed = True
+        return removed
 
-def prepare(owner, facts: StandInFacts) -> None:
-    """The contract: neither ``sys.modules`` nor the parent holds a ``preprocess`` that is not ours, and vLLM
-    ships no such file (ours may be in place already)."""
-    host = _host_at_runtime(owner)
-    if host != HostKind.LACKS:
-        current = sys.modules.get(MODULE) or vars(owner).get(NAME)
-        found = repr(current) if current is not None else "a module file in the installed vLLM"
-        raise PatchRefusedError(f"{MODULE} exists ({found}); vllm_compat never replaces a module vLLM defines. "
-                                "Left as it is.")
-
-
-def install(owner, decision: Decision, state) -> bool:
-    """Register the stand-in module in ``sys.modules`` and on the parent; False when both are there already."""
-    module = stand_in_module()
-    added = provide(owner, NAME, module, ENTRY.id)
-    if sys.modules.get(MODULE) is None:
-        sys.modules[MODULE] = module
-        added = True
-    return added
-
-
-def uninstall(owner) -> bool:
-    """Remove the parent attribute and the ``sys.modules`` entry where they are ours; False when neither was."""
-    removed = withdraw(owner, NAME, ENTRY.id)
-    if is_ours(sys.modules.get(MODULE), ENTRY.id):
-        del sys.modules[MODULE]
-        removed = True
-    return removed
-
-
-def in_place(owner):
-    return vars(owner).get(NAME) if owner is not None else None
-
-
-def compare(static: StandInFacts, runtime: StandInFacts) -> list[str]:
-    return compare_stand_in(static, runtime, MODULE)
+    def compare(self, static: StandInFacts, runtime: StandInFacts) -> list[str]:
+        return compare_stand_in(static, runtime, MODULE)
 
 
-def facts_dict(facts: StandInFacts) -> dict:
-    return facts.to_dict()
+DRIFT_POINT = InputPreprocessorStandIn()

@@ -14,6 +14,8 @@ When: ``kv_cache_utils`` lacks the name and an installed vllm-omni imports it (r
 where vllm-omni's calls pass the three old arguments and nothing else, and vLLM's two 0.33 functions and the grouping
 question have the shapes below (otherwise refused). A vLLM that defines it (<= 0.32) keeps its own. The hook on
 ``kv_cache_utils`` (registered by the startup ``.pth``) puts it there before the importer runs.
+Serves: vllm-omni 0.30.0's diffusion engine / paged diffusion KV setup on vLLM 0.33 (vLLM <= 0.32 keeps its own;
+vllm-omni 0.24.0 does not import it).
 Retire when: the oldest supported vllm-omni no longer imports ``vllm.v1.core.kv_cache_utils.get_kv_cache_configs``.
 
 The definition is the smallest that satisfies the caller: vllm-omni 0.30.0 calls it once, in
@@ -41,23 +43,11 @@ from __future__ import annotations
 
 import ast
 import importlib
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..decide import Action, Decision
-from ..errors import PatchRefusedError
-from ..patches.catalogue import CATALOGUE
-from . import (
-    HostKind,
-    StandInFacts,
-    host_lookup,
-    installed_omni_tree,
-    omni_importers,
-)
-from ._name_stand_in import NameStandIn
+from ._name_stand_in import FunctionStandIn, FunctionStandInFacts, Shape
 
-ENTRY = next(e for e in CATALOGUE if e.module == __name__)
-NAME = ENTRY.target
+MODULE, NAME = "vllm.v1.core.kv_cache_utils", "get_kv_cache_configs"  # the catalogue row's target
 # The vllm-omni file that imports it (0.30.0; 0.24.0 has no diffusion KV): read, never imported.
 IMPORTERS = ("vllm_omni/diffusion/diffusion_kv/initialization.py",)
 # vLLM 0.33's planning module, beside kv_cache_utils, and the shapes the stand-in relies on.
@@ -67,33 +57,7 @@ GROUPING, GROUPING_PARAMS = "get_global_kv_cache_groups", ("vllm_config", "kv_ca
 PLANNER, PLANNER_PARAMS = NAME, ("vllm_config", "kv_cache_specs", "available_memory", "global_kv_cache_groups")
 GROUPING_FLAG = "supports_kv_cache_grouping"  # read on vllm_config.model_config by 0.33's default builder
 CALL_ARGS = ("vllm_config", "kv_cache_specs", "available_memory")  # the old function's, all required
-
-
-class Shape:
-    KNOWN = "known"
-    UNKNOWN = "unknown"  # refused, with the detail
-    ABSENT = "absent"  # vLLM not installed, or it defines the name (nothing to build on)
-
-
-@dataclass(frozen=True)
-class KVCacheConfigsFacts:
-    """A stand-in's facts (``host``, ``importers``) plus both shapes it is built between: ``replacement``, vLLM
-    0.33's grouping and planning functions; ``callers``, vllm-omni's calls of the old name (``calls``:
-    ``"module:line: ..."`` each); ``detail`` says what was found where a shape is unknown."""
-
-    host: str
-    importers: tuple[str, ...] = ()
-    replacement: str = Shape.ABSENT
-    callers: str = Shape.ABSENT
-    calls: tuple[str, ...] = ()
-    detail: str = ""
-
-    @property
-    def stand_in(self) -> StandInFacts:
-        return StandInFacts(self.host, self.importers)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+KVCacheConfigsFacts = FunctionStandInFacts
 
 
 class _PassThrough:
@@ -140,7 +104,7 @@ def _replacement_from_source(source: str | None) -> tuple[str, str]:
     """(``Shape``, detail) of vLLM 0.33's planning module from its source: both functions at module level taking
     exactly the measured positional parameters, and the grouping flag read on a ``model_config``."""
     if source is None:
-        return Shape.UNKNOWN, f"{PLANNING_FILE} is missing or unreadable, and {ENTRY.target_module} has no {NAME}"
+        return Shape.UNKNOWN, f"{PLANNING_FILE} is missing or unreadable, and {MODULE} has no {NAME}"
     tree = ast.parse(source)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     problems = []
@@ -164,46 +128,6 @@ def _replacement_from_source(source: str | None) -> tuple[str, str]:
     return Shape.KNOWN, ""
 
 
-def _callers(tree) -> tuple[str, tuple[str, ...], str]:
-    """(``Shape``, ``"module:line: ..."`` per call, detail) of vllm-omni's calls of the old name (``from
-    vllm.v1.core.kv_cache_utils import``, aliases followed; an attribute call of the same name is someone else's)."""
-    calls, unknown = [], []
-    for relpath in IMPORTERS:
-        source = tree.read(relpath)
-        if source is None:
-            continue
-        importer = relpath[:-3].replace("/", ".")
-        parsed = ast.parse(source)
-        bound = {alias.asname or alias.name for node in ast.walk(parsed) if isinstance(node, ast.ImportFrom)
-                 and node.module == ENTRY.target_module and not node.level for alias in node.names
-                 if alias.name == NAME}
-        for node in ast.walk(parsed):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in bound):
-                continue
-            keywords = [k.arg for k in node.keywords]
-            positional = len(node.args)
-            fits = (not any(isinstance(a, ast.Starred) for a in node.args) and None not in keywords
-                    and positional <= len(CALL_ARGS) and set(keywords) == set(CALL_ARGS[positional:])
-                    and len(keywords) == len(set(keywords)))
-            named = f", keywords {', '.join(keywords)}" if keywords else ""
-            call = f"{importer}:{node.lineno}: {positional} positional{named}"
-            calls.append(call)
-            if not fits:
-                unknown.append(call)
-    calls.sort(key=lambda c: (c.split(":")[0], int(c.split(":")[1])))
-    if unknown:
-        return Shape.UNKNOWN, tuple(calls), (f"vllm-omni calls {NAME} with arguments the stand-in does not take "
-                                             f"({'; '.join(unknown)}; it takes {', '.join(CALL_ARGS)})")
-    return Shape.KNOWN, tuple(calls), ""
-
-
-def _facts(host: str, omni_tree, replacement: tuple[str, str]) -> KVCacheConfigsFacts:
-    importers = omni_importers(omni_tree, IMPORTERS, ENTRY.target_module, NAME)
-    callers, calls, caller_detail = _callers(omni_tree)
-    detail = "; ".join(d for d in (replacement[1], caller_detail) if d)
-    return KVCacheConfigsFacts(host, importers, replacement[0], callers, calls, detail)
-
-
 def _planning_source_beside(module) -> str | None:
     """The planning module's source, read from the directory of the imported ``kv_cache_utils`` (the file that an
     import of it will run): not imported here, the hook runs while vLLM's KV modules are still loading."""
@@ -216,55 +140,24 @@ def _planning_source_beside(module) -> str | None:
         return None
 
 
-# ---- the drift-point interface (vllm_compat.patches) ----
+# ---- the drift point ----
 
-STAND_IN = NameStandIn(ENTRY, IMPORTERS, removed_in="0.33", value=get_kv_cache_configs)
-locate, install, uninstall, in_place, facts_dict = (STAND_IN.locate, STAND_IN.install, STAND_IN.uninstall,
-                                                    STAND_IN.in_place, STAND_IN.facts_dict)
+class KVCacheConfigsStandIn(FunctionStandIn):
+    importers = IMPORTERS
+    removed_in = "0.33"
+    call_args = CALL_ARGS
+    all_required = True
+    built_on = f"{PLANNING_MODULE}.{GROUPING} + {PLANNER}"
 
+    def build(self, owner):
+        return get_kv_cache_configs
 
-def detect_static(site) -> KVCacheConfigsFacts:
-    host = host_lookup(site.vllm_tree, ENTRY.target_module, NAME)
-    needs_replacement = host in (HostKind.LACKS, HostKind.UNKNOWN)
-    replacement = (_replacement_from_source(site.vllm_tree.read(PLANNING_FILE)) if needs_replacement
-                   else (Shape.ABSENT, ""))
-    return _facts(host, site.omni_tree, replacement)
+    def replacement_from_files(self, site) -> tuple[str, str]:
+        return _replacement_from_source(site.vllm_tree.read(PLANNING_FILE))
 
-
-def detect_runtime(module) -> KVCacheConfigsFacts:
-    host = STAND_IN.host_in_module(module)
-    replacement = (_replacement_from_source(_planning_source_beside(module)) if host == HostKind.LACKS
-                   else (Shape.ABSENT, ""))
-    return _facts(host, installed_omni_tree(), replacement)
+    def replacement_from_module(self, module) -> tuple[str, str]:
+        """From the planning module's file beside the imported ``kv_cache_utils`` (what an import of it runs)."""
+        return _replacement_from_source(_planning_source_beside(module))
 
 
-def decide(facts: KVCacheConfigsFacts, controls) -> Decision:
-    decision = STAND_IN.decide(facts.stand_in)
-    if decision.action != Action.PATCHED:
-        return decision
-    if Shape.UNKNOWN in (facts.replacement, facts.callers):
-        return ENTRY.decision(Action.REFUSED, f"vLLM lacks {ENTRY.target_path} and vllm-omni imports it, but the "
-                              f"shapes are not the measured ones ({facts.detail}); left out. Set "
-                              f"VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} to silence this, or upgrade vllm_compat")
-    return ENTRY.decision(Action.PATCHED, f"{decision.reason}, over vLLM's {PLANNING_MODULE}.{GROUPING} + {PLANNER}")
-
-
-def prepare(owner, facts: KVCacheConfigsFacts):
-    """The contract: the module does not define the name itself (ours may be there already), and the planning
-    module beside it has the shapes the stand-in calls (read from its file, which is what an import runs)."""
-    value = STAND_IN.prepare(owner, facts.stand_in)
-    shape, detail = _replacement_from_source(_planning_source_beside(owner))
-    if shape != Shape.KNOWN:
-        raise PatchRefusedError(f"{ENTRY.target_path} cannot be provided: {detail}. Left out; set "
-                                f"VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} to silence this, or upgrade vllm_compat.")
-    return value
-
-
-def compare(static: KVCacheConfigsFacts, runtime: KVCacheConfigsFacts) -> list[str]:
-    differences = STAND_IN.compare(static.stand_in, runtime.stand_in)
-    if HostKind.ABSENT not in (static.host, runtime.host) and static.replacement != runtime.replacement:
-        differences.append(f"{PLANNING_MODULE}'s {GROUPING} / {PLANNER}: {static.replacement} (files) != "
-                           f"{runtime.replacement} (beside the imported module); {static.detail or runtime.detail}")
-    if static.calls != runtime.calls:
-        differences.append(f"vllm-omni's calls of {NAME}: {list(static.calls)} != {list(runtime.calls)}")
-    return differences
+DRIFT_POINT = KVCacheConfigsStandIn()

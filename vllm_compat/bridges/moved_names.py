@@ -12,6 +12,7 @@ installed vllm-omni imports the old path (read from its files). The hook on ``vl
 ``import vllm`` runs, before any ``vllm.x`` submodule; registered by the startup ``.pth``) puts the mechanism in place:
 a post-import hook per old module for names, a meta-path finder for whole modules. Never replaces what vLLM defines:
 a name the old module binds, or a module any other finder finds, is left alone.
+Serves: vllm-omni 0.24.0 and 0.30.0 on vLLM 0.25-0.33, per row of the table (its vllm / omni fields).
 Retire when: the oldest supported vllm-omni imports none of the table's old paths (regenerate, the table empties).
 
 A name alias is set on the old module right after it is imported (the new module imported then, or, if it is
@@ -30,11 +31,9 @@ import sys
 from dataclasses import asdict, dataclass
 
 from ..decide import Action, Decision
+from ..drift import DriftPoint
 from ..errors import PatchRefusedError
-from ..patches.catalogue import CATALOGUE
 from . import HostKind, host_lookup, installed_omni_tree, is_ours, omni_importers
-
-ENTRY = next(e for e in CATALOGUE if e.module == __name__)
 
 
 class State:
@@ -224,144 +223,138 @@ def _hook_for(old_module: str):
     return _hooks[old_module]
 
 
-# ---- the drift-point interface (vllm_compat.patches) ----
-
-def detect_static(site) -> AliasFacts:
-    return detect_facts(site.vllm_tree, site.omni_tree)
-
-
-def detect_runtime(module) -> AliasFacts:
-    """The same facts, from the vLLM that is being imported (its package's own directory) and the installed
-    vllm-omni's files; an old module already imported answers from its live namespace, where a name counts as
-    vLLM's only if vllm_compat did not put it there: neither one of our aliases nor another bridge's stand-in
-    (marked ``_vllm_compat_stand_in``; ``multimodal_processing_info`` binds an old path of the table). Such a name
-    is one vLLM lacks, as its files say, so the fact stays the static one."""
-    from pathlib import Path
-
-    from ..detect.static import SourceTree
-
-    package = sys.modules.get("vllm")
-    paths = list(getattr(package, "__path__", ()) or ())
-    tree = SourceTree(Path(paths[0]).parent) if paths else SourceTree(Path("/nonexistent-vllm-compat-root"))
-    facts = detect_facts(tree, installed_omni_tree())
-    live = []
-    for fact in facts.aliases:
-        module, name = _split(fact.old, fact.kind)
-        loaded = sys.modules.get(module)
-        if (fact.kind == "name" and loaded is not None and name in vars(loaded) and not _is_ours(loaded, name)
-                and not is_ours(vars(loaded)[name])):
-            fact = AliasFact(fact.old, None, fact.kind, State.VLLM_HAS_IT)
-        live.append(fact)
-    return AliasFacts(facts.host, tuple(live))
-
-
 def _is_ours(owner, name: str) -> bool:
     return any(o is owner and n == name and vars(owner).get(name) is v for o, n, v in _added)
 
 
-def decide(facts: AliasFacts, controls) -> Decision:
-    if facts.host == HostKind.ABSENT:
-        return ENTRY.decision(Action.PENDING, "vLLM is not installed; decided when it is imported")
-    aliased = facts.installable
-    held = [a for a in facts.aliases if a.state in (State.UNREVIEWED, State.REJECTED) and a.importers]
-    held_note = (f"; not aliased, the definition changed without an accepted review: "
-                 f"{', '.join(f'{a.old} ({a.state})' for a in held)}") if held else ""
-    if not aliased:
-        return ENTRY.decision(Action.SKIPPED, "no moved name of the alias table is both missing from this vLLM and "
-                              f"imported by an installed vllm-omni{held_note}")
-    pairs = ", ".join(f"{a.old} -> {a.new}" for a in aliased)
-    return ENTRY.decision(Action.PATCHED, f"vLLM lacks {len(aliased)} old path(s) vllm-omni imports; aliased to the "
-                          f"same definitions' new homes: {pairs}{held_note}",
-                          provides=tuple(a.old for a in aliased))
+# ---- the drift point ----
 
+class MovedNames(DriftPoint):
+    """The alias table's old paths, aliased where this vLLM lacks them (the module docstring says when)."""
 
-def locate(module):
-    return module
+    def detect_static(self, site) -> AliasFacts:
+        return detect_facts(site.vllm_tree, site.omni_tree)
 
+    def detect_runtime(self, module) -> AliasFacts:
+        """The same facts, from the vLLM that is being imported (its package's own directory) and the installed
+        vllm-omni's files; an old module already imported answers from its live namespace, where a name counts as
+        vLLM's only if vllm_compat did not put it there: neither one of our aliases nor another bridge's stand-in
+        (marked with ``drift.MARK``; ``multimodal_processing_info`` binds an old path of the table). Such a name
+        is one vLLM lacks, as its files say, so the fact stays the static one."""
+        from pathlib import Path
 
-def prepare(owner, facts: AliasFacts) -> tuple[AliasFact, ...]:
-    """The contract: no old module that is to be aliased is in ``sys.modules`` as something that is not ours."""
-    for fact in facts.installable:
-        if fact.kind == "module":
-            current = sys.modules.get(fact.old)
-            if current is not None and current is not sys.modules.get(fact.new):
-                raise PatchRefusedError(f"{fact.old} is imported already ({current!r}); vllm_compat never replaces a "
-                                        "module vLLM defines. Left as it is.")
-    return facts.installable
+        from ..detect.static import SourceTree
 
+        package = sys.modules.get("vllm")
+        paths = list(getattr(package, "__path__", ()) or ())
+        tree = SourceTree(Path(paths[0]).parent) if paths else SourceTree(Path("/nonexistent-vllm-compat-root"))
+        facts = detect_facts(tree, installed_omni_tree())
+        live = []
+        for fact in facts.aliases:
+            module, name = _split(fact.old, fact.kind)
+            loaded = sys.modules.get(module)
+            if (fact.kind == "name" and loaded is not None and name in vars(loaded) and not _is_ours(loaded, name)
+                    and not is_ours(vars(loaded)[name])):
+                fact = AliasFact(fact.old, None, fact.kind, State.VLLM_HAS_IT)
+            live.append(fact)
+        return AliasFacts(facts.host, tuple(live))
 
-def install(owner, decision: Decision, state) -> bool:
-    """Register the aliases ``state`` (``prepare``'s list) names; False when all were in place already."""
-    from ..hooks import register_post_import_hook
+    def decide(self, facts: AliasFacts, controls) -> Decision:
+        if facts.host == HostKind.ABSENT:
+            return self.decision(Action.PENDING, "vLLM is not installed; decided when it is imported")
+        aliased = facts.installable
+        held = [a for a in facts.aliases if a.state in (State.UNREVIEWED, State.REJECTED) and a.importers]
+        held_note = (f"; not aliased, the definition changed without an accepted review: "
+                     f"{', '.join(f'{a.old} ({a.state})' for a in held)}") if held else ""
+        if not aliased:
+            return self.decision(Action.SKIPPED, "no moved name of the alias table is both missing from this vLLM and "
+                                  f"imported by an installed vllm-omni{held_note}")
+        pairs = ", ".join(f"{a.old} -> {a.new}" for a in aliased)
+        return self.decision(Action.PATCHED, f"vLLM lacks {len(aliased)} old path(s) vllm-omni imports; aliased to the "
+                              f"same definitions' new homes: {pairs}{held_note}",
+                              provides=tuple(a.old for a in aliased))
 
-    added = False
-    for fact in state or ():
-        if fact.kind == "module":
-            if _finder.modules.get(fact.old) != fact.new:
-                _finder.modules[fact.old] = fact.new
+    def prepare(self, owner, facts: AliasFacts) -> tuple[AliasFact, ...]:
+        """The contract: no old module that is to be aliased is in ``sys.modules`` as something that is not ours."""
+        for fact in facts.installable:
+            if fact.kind == "module":
+                current = sys.modules.get(fact.old)
+                if current is not None and current is not sys.modules.get(fact.new):
+                    raise PatchRefusedError(f"{fact.old} is imported already ({current!r}); vllm_compat never replaces a "
+                                            "module vLLM defines. Left as it is.")
+        return facts.installable
+
+    def install(self, owner, decision: Decision, state) -> bool:
+        """Register the aliases ``state`` (``prepare``'s list) names; False when all were in place already."""
+        from ..hooks import register_post_import_hook
+
+        added = False
+        for fact in state or ():
+            if fact.kind == "module":
+                if _finder.modules.get(fact.old) != fact.new:
+                    _finder.modules[fact.old] = fact.new
+                    added = True
+                continue
+            module, name = fact.old.rsplit(".", 1)
+            names = _names.setdefault(module, {})
+            if names.get(name) != fact.new:
+                names[name] = fact.new
                 added = True
-            continue
-        module, name = fact.old.rsplit(".", 1)
-        names = _names.setdefault(module, {})
-        if names.get(name) != fact.new:
-            names[name] = fact.new
+        if _finder.modules and _finder not in sys.meta_path:
+            # After vllm_compat's post-import finder, so an aliased module still gets its hooks.
+            hooks = [i for i, f in enumerate(sys.meta_path) if getattr(f, "_vllm_compat_finder", False)]
+            sys.meta_path.insert(hooks[0] + 1 if hooks else 0, _finder)
             added = True
-    if _finder.modules and _finder not in sys.meta_path:
-        # After vllm_compat's post-import finder, so an aliased module still gets its hooks.
-        hooks = [i for i, f in enumerate(sys.meta_path) if getattr(f, "_vllm_compat_finder", False)]
-        sys.meta_path.insert(hooks[0] + 1 if hooks else 0, _finder)
-        added = True
-    for module in _names:
-        register_post_import_hook(module, _hook_for(module))  # already imported: runs now (first time)
-        if module in sys.modules:
-            _set_names(sys.modules[module])
-    return added
+        for module in _names:
+            register_post_import_hook(module, _hook_for(module))  # already imported: runs now (first time)
+            if module in sys.modules:
+                _set_names(sys.modules[module])
+        return added
 
-
-def uninstall(owner) -> bool:
-    """Remove every attribute, ``sys.modules`` entry and parent attribute the aliases added, and the finder."""
-    removed = False
-    _names.clear()
-    while _added:
-        target, name, value = _added.pop()
-        if vars(target).get(name) is value:
-            delattr(target, name)
+    def uninstall(self, owner) -> bool:
+        """Remove every attribute, ``sys.modules`` entry and parent attribute the aliases added, and the finder."""
+        removed = False
+        _names.clear()
+        while _added:
+            target, name, value = _added.pop()
+            if vars(target).get(name) is value:
+                delattr(target, name)
+                removed = True
+        for old, new in list(_finder.modules.items()):
+            module = sys.modules.get(old)
+            if module is not None and module is sys.modules.get(new):
+                del sys.modules[old]
+                removed = True
+                parent, _, leaf = old.rpartition(".")
+                parent_module = sys.modules.get(parent)
+                if parent_module is not None and vars(parent_module).get(leaf) is module:
+                    delattr(parent_module, leaf)
+        _finder.modules.clear()
+        if _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
             removed = True
-    for old, new in list(_finder.modules.items()):
-        module = sys.modules.get(old)
-        if module is not None and module is sys.modules.get(new):
-            del sys.modules[old]
-            removed = True
-            parent, _, leaf = old.rpartition(".")
-            parent_module = sys.modules.get(parent)
-            if parent_module is not None and vars(parent_module).get(leaf) is module:
-                delattr(parent_module, leaf)
-    _finder.modules.clear()
-    if _finder in sys.meta_path:
-        sys.meta_path.remove(_finder)
-        removed = True
-    return removed
+        return removed
+
+    def is_installed(self, owner) -> bool:
+        return self.in_place(owner) is not None
+
+    def in_place(self, owner):
+        """The finder while it is registered, else the names table while any is set (None when nothing is)."""
+        if _finder in sys.meta_path:
+            return _finder
+        return _names or None
+
+    def compare(self, static: AliasFacts, runtime: AliasFacts) -> list[str]:
+        if HostKind.ABSENT in (static.host, runtime.host):
+            return []
+        before = {a.old: a for a in static.aliases}
+        differences = []
+        for fact in runtime.aliases:
+            other = before.get(fact.old)
+            if other is None or (other.new, other.state, other.importers) != (fact.new, fact.state, fact.importers):
+                differences.append(f"{fact.old}: {other and (other.new, other.state, list(other.importers))} (files) != "
+                                   f"{(fact.new, fact.state, list(fact.importers))} (imported)")
+        return differences
 
 
-def in_place(owner):
-    """The finder while it is registered, else the names table while any is set (None when nothing is)."""
-    if _finder in sys.meta_path:
-        return _finder
-    return _names or None
-
-
-def compare(static: AliasFacts, runtime: AliasFacts) -> list[str]:
-    if HostKind.ABSENT in (static.host, runtime.host):
-        return []
-    before = {a.old: a for a in static.aliases}
-    differences = []
-    for fact in runtime.aliases:
-        other = before.get(fact.old)
-        if other is None or (other.new, other.state, other.importers) != (fact.new, fact.state, fact.importers):
-            differences.append(f"{fact.old}: {other and (other.new, other.state, list(other.importers))} (files) != "
-                               f"{(fact.new, fact.state, list(fact.importers))} (imported)")
-    return differences
-
-
-def facts_dict(facts: AliasFacts) -> dict:
-    return facts.to_dict()
+DRIFT_POINT = MovedNames()

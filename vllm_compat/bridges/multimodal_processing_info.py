@@ -10,6 +10,8 @@ raises TypeError on it). vllm-omni 0.30.0 imports it at module level in
 When: vLLM's processor module lacks the name and an installed vllm-omni imports it (read from vllm-omni's files); a
 vLLM that defines it (<= 0.30) keeps its own. Installed by the hook on the processor module, before the thinker's
 import of it runs.
+Serves: vllm-omni 0.30.0's diffusion worker import chain on vLLM 0.31-0.33 (vLLM <= 0.30 keeps its own; vllm-omni
+0.24.0 does not import it).
 Retire when: the oldest supported vllm-omni no longer imports it (it moves to ``MultiModalProcessingResult``).
 
 What it does and does not bridge: it lets the thinker module, and so the import chain and the diffusion worker, load.
@@ -33,11 +35,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..patches.catalogue import CATALOGUE
 from ._name_stand_in import NameStandIn
 
-ENTRY = next(e for e in CATALOGUE if e.module == __name__)
-NAME = ENTRY.target
+NAME = "MultiModalProcessingInfo"  # the catalogue row's target, on vllm.multimodal.processing.processor
 # The vllm-omni file that imports it (0.30.0; 0.24.0 does not): read, never imported.
 IMPORTERS = ("vllm_omni/model_executor/models/qwen2_5_omni/qwen2_5_omni_thinker.py",)
 # vLLM 0.30's fields, in order, each with the name of its annotation in the processor module.
@@ -63,7 +63,7 @@ def build_stand_in(owner) -> type:
     if built is not None and all(a is b for a, b in zip(built[0], types, strict=True)):
         return built[1]  # the one built before on the same annotations: revert(); apply() puts back the same class
     info = NamedTuple(NAME, list(zip((field for field, _ in FIELDS), types, strict=True)))
-    info.__module__ = ENTRY.target_module
+    info.__module__ = DRIFT_POINT.target_module
     info.__qualname__ = NAME
     info.__doc__ = ("vLLM 0.30's result of BaseMultiModalProcessor._cached_apply_hf_processor (stand-in by "
                     "vllm_compat): lets vllm-omni 0.30.0's Qwen2.5-Omni thinker import; its processing is not "
@@ -73,8 +73,14 @@ def build_stand_in(owner) -> type:
     return info
 
 
-# ---- the drift-point interface (vllm_compat.patches) ----
+# ---- the drift point ----
 
-STAND_IN = NameStandIn(ENTRY, IMPORTERS, removed_in="0.31", build=build_stand_in)
-(detect_static, detect_runtime, decide, locate, prepare, install, uninstall, in_place, compare,
- facts_dict) = STAND_IN.interface()
+class MultiModalProcessingInfoStandIn(NameStandIn):
+    importers = IMPORTERS
+    removed_in = "0.31"
+
+    def build(self, owner):
+        return build_stand_in(owner)
+
+
+DRIFT_POINT = MultiModalProcessingInfoStandIn()

@@ -6,6 +6,7 @@ removed it, and vllm-omni 0.24.0 and 0.30.0 import it at module level in ``vllm_
 When: vLLM's ``vllm.v1.outputs`` lacks the name and an installed vllm-omni imports it (read from vllm-omni's
 files); a vLLM that defines it (<= 0.30) keeps its own. It must be in place before ``import vllm_omni``: the
 startup hook (``vllm_compat_startup.pth``) registers the import hook that installs it.
+Serves: vllm-omni 0.24.0 and 0.30.0 on vLLM 0.31-0.33 (vLLM <= 0.30 keeps its own).
 Retire when: the oldest supported vllm-omni no longer imports ``vllm.v1.outputs.RoutedExpertsLists``.
 
 The definition is the smallest that satisfies the callers, not a copy of vLLM's: ``core/sched/utils.py`` uses it
@@ -18,11 +19,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..patches.catalogue import CATALOGUE
 from ._name_stand_in import NameStandIn
 
-ENTRY = next(e for e in CATALOGUE if e.module == __name__)
-NAME = ENTRY.target
+NAME = "RoutedExpertsLists"  # the catalogue row's target, on vllm.v1.outputs
 # The vllm-omni files that import it (0.24.0 and 0.30.0): read, never imported.
 IMPORTERS = ("vllm_omni/core/sched/utils.py", "vllm_omni/worker/gpu_model_runner.py")
 
@@ -34,8 +33,14 @@ class RoutedExpertsLists(NamedTuple):
     slot_mapping: Any  # numpy array (num_scheduled_tokens,): the KV-cache slot of each row
 
 
-# ---- the drift-point interface (vllm_compat.patches) ----
+# ---- the drift point ----
 
-STAND_IN = NameStandIn(ENTRY, IMPORTERS, removed_in="0.31", value=RoutedExpertsLists)
-(detect_static, detect_runtime, decide, locate, prepare, install, uninstall, in_place, compare,
- facts_dict) = STAND_IN.interface()
+class RoutedExpertsListsStandIn(NameStandIn):
+    importers = IMPORTERS
+    removed_in = "0.31"
+
+    def build(self, owner):
+        return RoutedExpertsLists
+
+
+DRIFT_POINT = RoutedExpertsListsStandIn()

@@ -10,6 +10,7 @@ When: the installed vLLM's function takes ``launch`` (its source and live signat
 module is the 8-argument form (its source, read with ``ast``); where both agree (vLLM <= 0.27 with vllm-omni 0.24.0,
 or vllm-omni 0.30.0 on vLLM 0.28+) it stays out. On vLLM 0.32+ the module imports only with the
 ``engine_zmq_addresses`` stand-in in place (it also imports ``get_engine_zmq_addresses``).
+Serves: vllm-omni 0.24.0 on vLLM 0.28-0.33 (vLLM <= 0.27 takes the old call; vllm-omni 0.30.0 makes the new).
 Retire when: the oldest supported vllm-omni calls the 6-argument form (0.30.0 does).
 
 How: the shared adapter (``bridges._engine_startup_call``). This module's managers are vLLM's
@@ -20,21 +21,11 @@ vllm-omni 0.30.0 builds them); a coordinator's process goes in through the view 
 
 from __future__ import annotations
 
-from ..patches.catalogue import CATALOGUE
 from ._engine_startup_call import CallAdapter
 
-ENTRY = next(e for e in CATALOGUE if e.module == __name__)
-_ADAPTER = CallAdapter(ENTRY)
 
-# ---- the drift-point interface (vllm_compat.patches) ----
-detect_static = _ADAPTER.detect_static
-detect_runtime = _ADAPTER.detect_runtime
-decide = _ADAPTER.decide
-locate = _ADAPTER.locate
-prepare = _ADAPTER.prepare
-install = _ADAPTER.install
-uninstall = _ADAPTER.uninstall
-in_place = _ADAPTER.in_place
-compare = _ADAPTER.compare
-facts_dict = _ADAPTER.facts_dict
-make_adapter = _ADAPTER.make_adapter  # (original, launch_cls, proc_manager_cls) -> this entry's adapter
+class StageEngineLaunch(CallAdapter):
+    """The adapter on this caller module's binding (its catalogue row's target module)."""
+
+
+DRIFT_POINT = StageEngineLaunch()

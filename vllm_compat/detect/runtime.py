@@ -77,10 +77,9 @@ def live_params(func) -> tuple[Param, ...]:
 
 def original_loader_function(loader_class: type):
     """The loader method as vllm-omni defined it: unwraps our own wrapper, never anyone else's."""
-    func = inspect.getattr_static(loader_class, LOADER_METHOD, None)
-    while getattr(func, "_vllm_compat_installed", False):
-        func = func.__wrapped__
-    return func
+    from ..drift import unwrap
+
+    return unwrap(inspect.getattr_static(loader_class, LOADER_METHOD, None))
 
 
 def classify_loader_class(loader_class: type) -> LoaderShape:

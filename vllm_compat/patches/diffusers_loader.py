@@ -6,6 +6,7 @@ legacy loader's blanket ``module.to()`` raises "Cannot copy out of meta tensor" 
 When: ``legacy`` serves vllm-omni <= 0.24.0 on a vLLM that creates no meta params (its exact semantics);
 ``meta_safe`` serves the legacy and ungated loaders wherever meta params can appear. A gated loader
 (vllm-omni >= 0.26.0) is left alone unless a variant is forced.
+Serves: vllm-omni <= 0.24.0 (legacy loader) and the ungated first fix, on vLLM >= 0.17.
 Retire when: the oldest supported vllm-omni ships the gated loader (0.26.0).
 
 Decision table (facts: ``detect.model.Environment``):
@@ -47,10 +48,11 @@ from ..detect.model import (
 )
 from ..errors import PatchRefusedError, UnsupportedLayoutError
 from . import _method
-from .catalogue import CATALOGUE
+from ._method import MethodPatch
 
-ENTRY = next(e for e in CATALOGUE if e.module == __name__)
-CLASS_NAME, METHOD_NAME = ENTRY.target.split(".")
+ENTRY_ID = "diffusers_loader_meta_device"
+CLASS_NAME, METHOD_NAME = "DiffusersPipelineLoader", "_process_weights_after_loading"  # the catalogue row's target
+TARGET_PATH = f"vllm_omni.diffusion.model_loader.diffusers_loader.{CLASS_NAME}.{METHOD_NAME}"
 
 # Set by vLLM quant methods (and vLLM's layerwise loader) once a layer's weights are processed.
 PROCESSED_FLAG = "_already_called_process_weights_after_loading"
@@ -298,7 +300,7 @@ def check_contract(original: Callable, shape: LoaderShape) -> None:
     """Refuse a target whose live signature is not ``(self, model, target_device[, optional extras])``: no
     variant can be called the way vllm-omni calls it. Raises ``PatchRefusedError`` with what was found."""
     if not callable(original):
-        raise PatchRefusedError(f"{ENTRY.target_path} is {original!r}, not a function; cannot patch it.")
+        raise PatchRefusedError(f"{TARGET_PATH} is {original!r}, not a function; cannot patch it.")
     params = list(inspect.signature(original).parameters.values())
     names = tuple(p.name for p in params[: len(LOADER_PARAMS)])
     extras_required = [
@@ -308,9 +310,9 @@ def check_contract(original: Callable, shape: LoaderShape) -> None:
     ]
     if names != LOADER_PARAMS or extras_required:
         raise PatchRefusedError(
-            f"{ENTRY.target_path} has signature {inspect.signature(original)}; expected "
+            f"{TARGET_PATH} has signature {inspect.signature(original)}; expected "
             f"({', '.join(LOADER_PARAMS)}[, extras with defaults]) (shape: {shape.kind}, {shape.detail}). "
-            f"It was left unpatched; set VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} to silence this, or upgrade "
+            f"It was left unpatched; set VLLM_COMPAT_DISABLE_PATCHES={ENTRY_ID} to silence this, or upgrade "
             f"vllm_compat."
         )
 
@@ -340,74 +342,62 @@ def install_variant(loader_class: type, variant: str, deps: LoaderDeps) -> bool:
         target_device = arguments.pop("target_device")
         return implementation(instance, model, target_device, deps=deps, **arguments)
 
-    return _method.install(loader_class, METHOD_NAME, variant, call_variant)
+    return _method.install(loader_class, METHOD_NAME, variant, call_variant, ENTRY_ID)
 
 
-# ---- the drift-point interface (vllm_compat.patches) ----
+# ---- the drift point ----
 
-def detect_static(site) -> Environment:
-    return site.environment
+class DiffusersLoaderMetaDevice(MethodPatch):
+    """Replaces the loader's weight processing with the variant the decision table picks."""
 
+    def detect_static(self, site) -> Environment:
+        return site.environment
 
-def detect_runtime(module) -> Environment:
-    from ..detect.runtime import detect_runtime as detect
+    def detect_runtime(self, module) -> Environment:
+        from ..detect.runtime import detect_runtime as detect
 
-    return detect(module)
+        return detect(module)
 
+    def decide(self, env: Environment, controls) -> Decision:
+        """The decision table above; each path says why in ``reason``."""
+        kind = env.loader.kind
+        if kind == LoaderKind.ABSENT:
+            return self.decision(Action.PENDING, f"{env.loader.detail}; patched when it is imported")
+        if controls.is_forced:
+            return self.decision(Action.PATCHED, f"VLLM_COMPAT_LOADER_VARIANT={controls.loader_variant} forces it "
+                                 f"over the {kind} loader", controls.loader_variant)
+        if kind == LoaderKind.GATED:
+            return self.decision(Action.SKIPPED, "vllm-omni's loader already has the gated meta-safe fix")
+        if kind == LoaderKind.UNKNOWN:
+            return self.decision(
+                Action.REFUSED,
+                f"loader shape not recognized ({env.loader.detail}); left unpatched. Set "
+                f"VLLM_COMPAT_LOADER_VARIANT=meta_safe to force the patch if you have checked it",
+            )
+        if kind == LoaderKind.UNGATED:
+            return self.decision(Action.PATCHED, "ungated loader breaks FSDP/HSDP-sharded params; meta-safe keeps "
+                                 "them", "meta_safe")
+        if env.can_create_meta_params:
+            source = "vLLM (uses_meta_device)" if env.vllm.has_uses_meta_device else "vllm-omni's own quant methods"
+            return self.decision(Action.PATCHED, f"legacy loader, and {source} can leave params on meta; "
+                                 "module.to() would crash on them", "meta_safe")
+        return self.decision(Action.PATCHED, "legacy loader, and no installed quant method creates meta params",
+                             "legacy")
 
-def decide(env: Environment, controls) -> Decision:
-    """The decision table above; each path says why in ``reason``."""
-    kind = env.loader.kind
-    if kind == LoaderKind.ABSENT:
-        return ENTRY.decision(Action.PENDING, f"{env.loader.detail}; patched when it is imported")
-    if controls.is_forced:
-        return ENTRY.decision(Action.PATCHED, f"VLLM_COMPAT_LOADER_VARIANT={controls.loader_variant} forces it "
-                              f"over the {kind} loader", controls.loader_variant)
-    if kind == LoaderKind.GATED:
-        return ENTRY.decision(Action.SKIPPED, "vllm-omni's loader already has the gated meta-safe fix")
-    if kind == LoaderKind.UNKNOWN:
-        return ENTRY.decision(
-            Action.REFUSED,
-            f"loader shape not recognized ({env.loader.detail}); left unpatched. Set "
-            f"VLLM_COMPAT_LOADER_VARIANT=meta_safe to force the patch if you have checked it",
-        )
-    if kind == LoaderKind.UNGATED:
-        return ENTRY.decision(Action.PATCHED, "ungated loader breaks FSDP/HSDP-sharded params; meta-safe keeps "
-                              "them", "meta_safe")
-    if env.can_create_meta_params:
-        source = "vLLM (uses_meta_device)" if env.vllm.has_uses_meta_device else "vllm-omni's own quant methods"
-        return ENTRY.decision(Action.PATCHED, f"legacy loader, and {source} can leave params on meta; module.to() "
-                              "would crash on them", "meta_safe")
-    return ENTRY.decision(Action.PATCHED, "legacy loader, and no installed quant method creates meta params",
-                          "legacy")
+    def prepare(self, owner, env: Environment) -> LoaderDeps:
+        check_contract(self.in_place(owner), env.loader)
+        return resolve_deps()
 
+    def install(self, owner, decision: Decision, deps: LoaderDeps) -> bool:
+        return install_variant(owner, decision.variant, deps)
 
-def locate(module):
-    return _method.method_owner(module, CLASS_NAME, METHOD_NAME)
+    def compare(self, static: Environment, runtime: Environment) -> list[str]:
+        from ..detect.model import compare_environments
 
+        return compare_environments(static, runtime)
 
-def prepare(owner, env: Environment) -> LoaderDeps:
-    check_contract(in_place(owner), env.loader)
-    return resolve_deps()
-
-
-def install(owner, decision: Decision, deps: LoaderDeps) -> bool:
-    return install_variant(owner, decision.variant, deps)
-
-
-def uninstall(owner) -> bool:
-    return _method.uninstall(owner, METHOD_NAME)
-
-
-def in_place(owner):
-    return _method.in_place(owner, METHOD_NAME)
+    def facts_dict(self, env: Environment) -> dict:
+        return {"loader": env.loader.to_dict(), "level": env.vllm.level}
 
 
-def compare(static: Environment, runtime: Environment) -> list[str]:
-    from ..detect.model import compare_environments
-
-    return compare_environments(static, runtime)
-
-
-def facts_dict(env: Environment) -> dict:
-    return {"loader": env.loader.to_dict(), "level": env.vllm.level}
+DRIFT_POINT = DiffusersLoaderMetaDevice()

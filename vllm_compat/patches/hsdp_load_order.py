@@ -7,6 +7,7 @@ sharded meta stragglers cannot be finalized. vllm-omni >= 0.26 processes first (
 finish while parameters are ordinary local tensors"), then prepares and shards.
 When: the ``process_after_shard`` shape (vllm-omni <= 0.24.0), on the HSDP path only (``use_hsdp``); the
 ``process_before_shard`` shape (>= 0.26) and loaders without an HSDP path are left alone.
+Serves: vllm-omni <= 0.24.0 with use_hsdp and a quantization config, on every vLLM.
 Retire when: the oldest supported vllm-omni processes before sharding (0.26.0).
 
 How: for one ``load_model`` call with ``use_hsdp``, the loader instance gets two attributes that shadow its
@@ -25,11 +26,9 @@ from dataclasses import asdict, dataclass
 
 from ..decide import Action, Decision
 from ..errors import PatchRefusedError
-from . import _method
-from .catalogue import CATALOGUE
+from ._method import MethodPatch, unwrap_ours
 
-ENTRY = next(e for e in CATALOGUE if e.module == __name__)
-CLASS_NAME, METHOD_NAME = ENTRY.target.split(".")
+CLASS_NAME, METHOD_NAME = "DiffusersPipelineLoader", "load_model"  # the catalogue row's target
 HSDP_LOADER = "_load_model_with_hsdp"
 PROCESS = "_process_weights_after_loading"
 LOAD_WEIGHTS = "load_weights"
@@ -94,63 +93,11 @@ def classify_class_source(source: str) -> LoadOrder:
 
 
 def _parsed_method(cls: type, name: str) -> ast.FunctionDef | None:
-    func = _method.unwrap_ours(inspect.getattr_static(cls, name, None))
+    func = unwrap_ours(inspect.getattr_static(cls, name, None))
     if func is None:
         return None
     tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
     return next((n for n in tree.body if isinstance(n, ast.FunctionDef)), None)
-
-
-# ---- the drift-point interface (vllm_compat.patches) ----
-
-def detect_static(site) -> LoadOrder:
-    source = site.read_omni_loader()
-    if source is None:
-        return LoadOrder(OrderKind.ABSENT, "vllm-omni's diffusion loader is not installed")
-    return classify_class_source(source)
-
-
-def detect_runtime(module) -> LoadOrder:
-    cls = getattr(module, CLASS_NAME, None)
-    if not isinstance(cls, type):
-        return LoadOrder(OrderKind.UNKNOWN, f"{module.__name__} has no class {CLASS_NAME}")
-    try:
-        return classify_load_order(_parsed_method(cls, METHOD_NAME), _parsed_method(cls, HSDP_LOADER))
-    except (OSError, TypeError, SyntaxError) as exc:
-        return LoadOrder(OrderKind.UNKNOWN, f"source of {CLASS_NAME} is unavailable ({exc})")
-
-
-def decide(order: LoadOrder, controls) -> Decision:
-    if order.kind == OrderKind.ABSENT:
-        return ENTRY.decision(Action.PENDING, f"{order.detail}; handled when it is imported")
-    if order.kind == OrderKind.PROCESS_AFTER_SHARD:
-        return ENTRY.decision(Action.PATCHED, "legacy HSDP path processes weights after sharding; quantized weights "
-                              "would not reach the forward", VARIANT)
-    if order.kind == OrderKind.UNKNOWN:
-        return ENTRY.decision(Action.REFUSED, f"HSDP load order not recognized ({order.detail}); left unpatched. "
-                              f"Set VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} to silence this")
-    return ENTRY.decision(Action.SKIPPED, order.detail)
-
-
-def locate(module):
-    return _method.method_owner(module, CLASS_NAME, METHOD_NAME)
-
-
-def prepare(owner, order: LoadOrder) -> inspect.Signature:
-    """The contract: ``load_model(self, load_device, ..., device=...)``, and the class has the two methods the
-    reordering calls. Returns the signature the wrapper binds against."""
-    original = in_place(owner)
-    signature = inspect.signature(original)
-    missing_params = [p for p in ("self", "load_device", "device") if p not in signature.parameters]
-    missing_methods = [m for m in (LOAD_WEIGHTS, PROCESS, HSDP_LOADER) if not callable(getattr(owner, m, None))]
-    if missing_params or missing_methods:
-        raise PatchRefusedError(
-            f"{ENTRY.target_path} has signature {signature} and the class lacks {missing_methods or 'nothing'}; "
-            f"expected parameters self, load_device, device (missing: {missing_params or 'none'}) and methods "
-            f"{LOAD_WEIGHTS}, {PROCESS}, {HSDP_LOADER}. Left unpatched; set VLLM_COMPAT_DISABLE_PATCHES={ENTRY.id} "
-            f"to silence this, or upgrade vllm_compat."
-        )
-    return signature
 
 
 def load_with_processing_before_sharding(wrapped, loader, device, args, kwargs):
@@ -188,32 +135,68 @@ def load_with_processing_before_sharding(wrapped, loader, device, args, kwargs):
                 loader.__dict__.pop(name, None)
 
 
-def install(owner, decision: Decision, signature: inspect.Signature) -> bool:
-    def call(wrapped, instance, args, kwargs):
-        if instance is None or not getattr(getattr(instance, "parallel_config", None), "use_hsdp", False):
-            return wrapped(*args, **kwargs)
+# ---- the drift point ----
+
+class HsdpLoadOrder(MethodPatch):
+    """Wraps ``load_model`` so that, on the HSDP path, weights are processed before sharding."""
+
+    def detect_static(self, site) -> LoadOrder:
+        source = site.omni_tree.read(self.target_module.replace(".", "/") + ".py")
+        if source is None:
+            return LoadOrder(OrderKind.ABSENT, "vllm-omni's diffusion loader is not installed")
+        return classify_class_source(source)
+
+    def detect_runtime(self, module) -> LoadOrder:
+        cls = getattr(module, CLASS_NAME, None)
+        if not isinstance(cls, type):
+            return LoadOrder(OrderKind.UNKNOWN, f"{module.__name__} has no class {CLASS_NAME}")
         try:
-            device = signature.bind(instance, *args, **kwargs).arguments.get("device")
-        except TypeError:  # a call load_model itself rejects: let it say so in its own words
-            device = None
-        if device is None:  # vllm-omni's own HSDP path cannot run without one either
-            return wrapped(*args, **kwargs)
-        return load_with_processing_before_sharding(wrapped, instance, device, args, kwargs)
+            return classify_load_order(_parsed_method(cls, METHOD_NAME), _parsed_method(cls, HSDP_LOADER))
+        except (OSError, TypeError, SyntaxError) as exc:
+            return LoadOrder(OrderKind.UNKNOWN, f"source of {CLASS_NAME} is unavailable ({exc})")
 
-    return _method.install(owner, METHOD_NAME, decision.variant, call)
+    def decide(self, order: LoadOrder, controls) -> Decision:
+        if order.kind == OrderKind.ABSENT:
+            return self.decision(Action.PENDING, f"{order.detail}; handled when it is imported")
+        if order.kind == OrderKind.PROCESS_AFTER_SHARD:
+            return self.decision(Action.PATCHED, "legacy HSDP path processes weights after sharding; quantized "
+                                 "weights would not reach the forward", VARIANT)
+        if order.kind == OrderKind.UNKNOWN:
+            return self.decision(Action.REFUSED, f"HSDP load order not recognized ({order.detail}); left "
+                                 f"unpatched. Set VLLM_COMPAT_DISABLE_PATCHES={self.id} to silence this")
+        return self.decision(Action.SKIPPED, order.detail)
+
+    def prepare(self, owner, order: LoadOrder) -> inspect.Signature:
+        """The contract: ``load_model(self, load_device, ..., device=...)``, and the class has the two methods the
+        reordering calls. Returns the signature the wrapper binds against."""
+        signature = inspect.signature(self.in_place(owner))
+        missing_params = [p for p in ("self", "load_device", "device") if p not in signature.parameters]
+        missing_methods = [m for m in (LOAD_WEIGHTS, PROCESS, HSDP_LOADER) if not callable(getattr(owner, m, None))]
+        if missing_params or missing_methods:
+            raise PatchRefusedError(
+                f"{self.target_path} has signature {signature} and the class lacks {missing_methods or 'nothing'}; "
+                f"expected parameters self, load_device, device (missing: {missing_params or 'none'}) and methods "
+                f"{LOAD_WEIGHTS}, {PROCESS}, {HSDP_LOADER}. Left unpatched; set VLLM_COMPAT_DISABLE_PATCHES="
+                f"{self.id} to silence this, or upgrade vllm_compat."
+            )
+        return signature
+
+    def install(self, owner, decision: Decision, signature: inspect.Signature) -> bool:
+        def call(wrapped, instance, args, kwargs):
+            if instance is None or not getattr(getattr(instance, "parallel_config", None), "use_hsdp", False):
+                return wrapped(*args, **kwargs)
+            try:
+                device = signature.bind(instance, *args, **kwargs).arguments.get("device")
+            except TypeError:  # a call load_model itself rejects: let it say so in its own words
+                device = None
+            if device is None:  # vllm-omni's own HSDP path cannot run without one either
+                return wrapped(*args, **kwargs)
+            return load_with_processing_before_sharding(wrapped, instance, device, args, kwargs)
+
+        return self.install_call(owner, decision.variant, call)
+
+    def compare(self, static: LoadOrder, runtime: LoadOrder) -> list[str]:
+        return [] if static.kind == runtime.kind else [f"HSDP load order {static.kind} != {runtime.kind}"]
 
 
-def uninstall(owner) -> bool:
-    return _method.uninstall(owner, METHOD_NAME)
-
-
-def in_place(owner):
-    return _method.in_place(owner, METHOD_NAME)
-
-
-def compare(static: LoadOrder, runtime: LoadOrder) -> list[str]:
-    return [] if static.kind == runtime.kind else [f"HSDP load order {static.kind} != {runtime.kind}"]
-
-
-def facts_dict(order: LoadOrder) -> dict:
-    return order.to_dict()
+DRIFT_POINT = HsdpLoadOrder()
