@@ -159,6 +159,7 @@ class CheckResult:
     vllm: CheckInput
     omni: CheckInput
     report: object  # reporting.Report: decisions, import drift with the bridges applied, the verdict
+    dependencies: object = None  # dependency_drift.DependencyDrift: install conflicts and their overrides
 
     @property
     def exit_code(self) -> int:
@@ -169,6 +170,7 @@ class CheckResult:
         data = self.report.to_dict()
         data["mode"] = "check"
         data["inputs"] = {"vllm": self.vllm.to_dict(), "vllm_omni": self.omni.to_dict()}
+        data["dependency_drift"] = self.dependencies.to_dict() if self.dependencies is not None else None
         data["still_blocking"] = {
             "import": _first_use(drift.still_blocking if drift else ()),
             "diffusion_worker": _first_use(drift.still_worker_blocking if drift else ()),
@@ -180,16 +182,24 @@ class CheckResult:
 def run(vllm: CheckInput, omni: CheckInput) -> CheckResult:
     """Scan both inputs statically and judge them; see the module docstring."""
     from .config import read_controls
-    from .detect.static import StaticSite
-    from .patches import plan
+    from .decide import plan
+    from .detect.static import SiteFacts, StaticSite
     from .reporting import Report
 
     site = StaticSite(vllm.tree, omni.tree, {"vllm": vllm.version, "vllm-omni": omni.version, "torch": None})
-    decisions = [d for _, _, d in plan(site, read_controls())]
+    planned = plan(site, read_controls())
+    decisions = [d for _, _, d in planned]
+    static = SiteFacts("static", site.versions, {entry.id: facts for entry, facts, _ in planned})
     # A fresh install of vllm_compat puts the startup hook in place, so bridges act before `import vllm_omni`.
-    report = Report(mode="static", static=site.environment, patches=decisions, _import_drift=site.import_drift,
+    report = Report(mode="static", static=static, patches=decisions, _import_drift=site.import_drift,
                     startup_hook=True)
-    return CheckResult(vllm=vllm, omni=omni, report=report)
+    # Install conflicts from both wheels' Requires-Dist (the index is asked only when an input came from it).
+    from .dependency_drift import check_dependency_drift
+
+    online = "downloaded" in (vllm.source, omni.source) or "cache" in (vllm.source, omni.source)
+    dependencies = check_dependency_drift(vllm.tree, vllm.distribution, omni.tree, omni.distribution,
+                                          offline=not online)
+    return CheckResult(vllm=vllm, omni=omni, report=report, dependencies=dependencies)
 
 
 def _where(item: CheckInput) -> str:
@@ -202,22 +212,18 @@ def render(result: CheckResult) -> str:
     """The one screen ``vllm-compat check`` prints."""
     from .detect.versions import TESTED_VLLM_RANGE, is_tested_vllm
 
-    report, env = result.report, result.report.static
-    caps, yes = env.vllm, {True: "yes", False: "no"}
+    report, versions = result.report, result.report.static.versions
     tested = {True: "tested", False: "UNTESTED (outside {}-{})".format(*TESTED_VLLM_RANGE),
-              None: ""}[is_tested_vllm(env.vllm_version)]
-    finalize = "no" if not caps.has_layerwise_finalize else "yes" if caps.has_compatible_finalize else "incompatible"
+              None: ""}[is_tested_vllm(versions.get("vllm"))]
     lines = [
-        f"vllm-compat check: vllm {env.vllm_version or '?'} + vllm-omni {env.vllm_omni_version or '?'} "
+        f"vllm-compat check: vllm {versions.get('vllm') or '?'} + vllm-omni {versions.get('vllm-omni') or '?'} "
         "(static: read from the files, nothing installed or imported)",
         "",
-        f"  vllm       {env.vllm_version or 'unknown version':<14} level: {caps.level}  {tested}".rstrip(),
-        f"             uses_meta_device: {yes[caps.has_uses_meta_device]}   layerwise finalize: {finalize}"
-        f"   initialize_online_processing: {yes[caps.has_initialize_online_processing]}",
+        f"  vllm       {versions.get('vllm') or 'unknown version':<14} {tested}".rstrip(),
         f"             from {_where(result.vllm)}",
-        f"  vllm-omni  {env.vllm_omni_version or 'unknown version':<14} loader: {env.loader.kind}"
-        + (f" ({env.loader.detail})" if env.loader.detail else ""),
+        f"  vllm-omni  {versions.get('vllm-omni') or 'unknown version'}",
         f"             from {_where(result.omni)}",
+        *report.fact_lines(),
         "",
     ]
     width = max([len(d.name) for d in report.patches] + [len("drift point")])
@@ -258,4 +264,14 @@ def run_check(args) -> int:
             print(json.dumps({"error": {"kind": exc.kind, "message": str(exc)}, "exit_code": 2}, indent=2))
         return 2
     print(json.dumps(result.to_dict(), indent=2) if args.json else render(result))
+    if getattr(args, "overrides", None):
+        from .dependency_drift import write_overrides
+
+        if result.dependencies is None:
+            print(f"vllm-compat check: no Requires-Dist to read (unpacked trees); {args.overrides} not written.",
+                  file=sys.stderr)
+            return 2
+        count = write_overrides(args.overrides, result.dependencies)
+        print(f"vllm-compat check: {count} override line(s) written to {args.overrides} "
+              f"(uv pip install ... --override {args.overrides})", file=sys.stderr)
     return result.exit_code
