@@ -182,16 +182,14 @@ class CheckResult:
 def run(vllm: CheckInput, omni: CheckInput) -> CheckResult:
     """Scan both inputs statically and judge them; see the module docstring."""
     from .config import read_controls
-    from .decide import plan
-    from .detect.static import SiteFacts, StaticSite
+    from .detect.static import StaticSite
+    from .patches import plan
     from .reporting import Report
 
     site = StaticSite(vllm.tree, omni.tree, {"vllm": vllm.version, "vllm-omni": omni.version, "torch": None})
-    planned = plan(site, read_controls())
-    decisions = [d for _, _, d in planned]
-    static = SiteFacts("static", site.versions, {entry.id: facts for entry, facts, _ in planned})
+    decisions = [d for _, _, d in plan(site, read_controls())]
     # A fresh install of vllm_compat puts the startup hook in place, so bridges act before `import vllm_omni`.
-    report = Report(mode="static", static=static, patches=decisions, _import_drift=site.import_drift,
+    report = Report(mode="static", static=site.environment, patches=decisions, _import_drift=site.import_drift,
                     startup_hook=True)
     # Install conflicts from both wheels' Requires-Dist (the index is asked only when an input came from it).
     from .dependency_drift import check_dependency_drift
@@ -212,18 +210,22 @@ def render(result: CheckResult) -> str:
     """The one screen ``vllm-compat check`` prints."""
     from .detect.versions import TESTED_VLLM_RANGE, is_tested_vllm
 
-    report, versions = result.report, result.report.static.versions
+    report, env = result.report, result.report.static
+    caps, yes = env.vllm, {True: "yes", False: "no"}
     tested = {True: "tested", False: "UNTESTED (outside {}-{})".format(*TESTED_VLLM_RANGE),
-              None: ""}[is_tested_vllm(versions.get("vllm"))]
+              None: ""}[is_tested_vllm(env.vllm_version)]
+    finalize = "no" if not caps.has_layerwise_finalize else "yes" if caps.has_compatible_finalize else "incompatible"
     lines = [
-        f"vllm-compat check: vllm {versions.get('vllm') or '?'} + vllm-omni {versions.get('vllm-omni') or '?'} "
+        f"vllm-compat check: vllm {env.vllm_version or '?'} + vllm-omni {env.vllm_omni_version or '?'} "
         "(static: read from the files, nothing installed or imported)",
         "",
-        f"  vllm       {versions.get('vllm') or 'unknown version':<14} {tested}".rstrip(),
+        f"  vllm       {env.vllm_version or 'unknown version':<14} level: {caps.level}  {tested}".rstrip(),
+        f"             uses_meta_device: {yes[caps.has_uses_meta_device]}   layerwise finalize: {finalize}"
+        f"   initialize_online_processing: {yes[caps.has_initialize_online_processing]}",
         f"             from {_where(result.vllm)}",
-        f"  vllm-omni  {versions.get('vllm-omni') or 'unknown version'}",
+        f"  vllm-omni  {env.vllm_omni_version or 'unknown version':<14} loader: {env.loader.kind}"
+        + (f" ({env.loader.detail})" if env.loader.detail else ""),
         f"             from {_where(result.omni)}",
-        *report.fact_lines(),
         "",
     ]
     width = max([len(d.name) for d in report.patches] + [len("drift point")])
@@ -247,6 +249,8 @@ def render(result: CheckResult) -> str:
         from .reporting import render_entrypoints
 
         lines += ["", *render_entrypoints(drift, "    ")]
+    if result.dependencies is not None:
+        lines += ["", *result.dependencies.render_lines()]
     if result.dependencies is not None:
         lines += ["", *result.dependencies.render_lines()]
     lines += ["", f"  verdict: {report.verdict().text}"]
