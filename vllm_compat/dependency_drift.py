@@ -121,9 +121,12 @@ class DependencyDrift:
             lines = [f"{indent}dependencies: {len(self.conflicts)} conflict(s) a resolver will hit "
                      f"(Requires-Dist of {read})"]
             for c in self.conflicts:
-                here = f" [installed: {c.installed}]" if c.installed else ""
+                here = ""
+                if c.installed:
+                    same = c.override and c.override == f"{c.package}=={c.installed}"
+                    here = f" [installed: {c.installed}" + (", the override below]" if same else "]")
                 lines += [f"{indent}  {c.describe()}{here}", f"{indent}    -> {c.resolution()}"]
-            if self.override_lines:
+            if self.override_lines and not any(c.installed for c in self.conflicts):
                 lines.append(f"{indent}  install: `vllm-compat check ... --overrides FILE` writes the line(s), then "
                              f"`uv pip install {self.host[0]}=={self.host[1]} {self.plugin[0]}=={self.plugin[1]} "
                              f"--override FILE` (pip: docs/dependency-drift.md)")

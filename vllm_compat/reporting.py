@@ -22,6 +22,15 @@ class Report:
     _import_drift: object = field(default=..., repr=False)
     # Whether bridges are in place before ``import vllm_omni`` (the startup .pth); None: ask this environment.
     startup_hook: bool | None = None
+    # Install conflicts of the pair (dependency_drift.DependencyDrift): a callable is called on first use (the
+    # doctor: installed METADATA, no index); None: not asked (check keeps its own on CheckResult).
+    _dependency_drift: object = field(default=None, repr=False)
+
+    @property
+    def dependency_drift(self):
+        if callable(self._dependency_drift):
+            self._dependency_drift = self._dependency_drift()
+        return self._dependency_drift
 
     @property
     def import_drift(self):
@@ -78,6 +87,7 @@ class Report:
             "patches": [d.to_dict() for d in self.patches],
             "catalogue": _catalogue_rows(),
             "import_drift": self.import_drift.to_dict() if self.import_drift is not None else None,
+            "dependency_drift": self.dependency_drift.to_dict() if self.dependency_drift is not None else None,
             "mismatches": list(self.mismatches),
             "runtime_error": self.runtime_error,
             "verdict": {"kind": self.verdict().kind, "text": self.verdict().text},
@@ -134,6 +144,8 @@ class Report:
             lines += ["", f"  runtime: {self.runtime_error}"]
         for mismatch in self.mismatches:
             lines.append(f"  MISMATCH static vs runtime: {mismatch}")
+        if self.dependency_drift is not None:
+            lines += ["", *self.dependency_drift.render_lines()]
         lines += ["", f"  verdict: {self.verdict().text}"]
         return "\n".join(lines)
 
@@ -259,6 +271,7 @@ def build_report(runtime: bool = False) -> Report:
     """Detect statically; with ``runtime`` also import, apply and compare, entry by entry. Decisions already made
     in this process are reported as they are; otherwise the static decision is what the hooks will do."""
     from .activate import apply, current_decisions
+    from .dependency_drift import installed_dependency_drift
     from .config import read_controls
     from .detect.static import StaticSite
     from .decide import plan
@@ -269,7 +282,7 @@ def build_report(runtime: bool = False) -> Report:
     if not runtime:
         recorded = {d.name: d for d in current_decisions() if d.action != "pending"}
         patches = [recorded.get(d.name, d) for d in static_decisions]
-        return Report(mode="static", static=site.environment, patches=patches,
+        return Report(_dependency_drift=installed_dependency_drift, mode="static", static=site.environment, patches=patches,
                       _import_drift=site.installed_import_drift)
 
     from .detect.runtime import detect_runtime
@@ -277,9 +290,9 @@ def build_report(runtime: bool = False) -> Report:
     try:
         live = detect_runtime()
     except Exception as exc:  # noqa: BLE001 - the point is to show the user what breaks a worker
-        return Report(mode="runtime", static=site.environment, patches=static_decisions,
+        return Report(_dependency_drift=installed_dependency_drift, mode="runtime", static=site.environment, patches=static_decisions,
                       runtime_error=f"importing vLLM / vllm-omni failed: {type(exc).__name__}: {exc}")
-    return Report(mode="runtime", static=site.environment, runtime=live, patches=apply(),
+    return Report(_dependency_drift=installed_dependency_drift, mode="runtime", static=site.environment, runtime=live, patches=apply(),
                   mismatches=_runtime_mismatches(planned))
 
 
