@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import tomllib
@@ -44,7 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MATRIX = ROOT / "matrix" / "vllm.toml"
 # A measurement is reused while the wheels and the code that measured it are the same.
 ANALYSIS_DIGEST = hashlib.sha256(b"".join(
-    path.read_bytes() for path in sorted((ROOT / "vllm_compat" / "detect").glob("*.py")) + [Path(__file__)]
+    path.read_bytes() for path in sorted((ROOT / "vllm_compat" / "detect").glob("*.py"))
+    + [ROOT / "vllm_compat" / "entrypoints.py", Path(__file__)]
 )).hexdigest()[:12]
 
 
@@ -75,9 +77,9 @@ def measure(vllm_wheel: Path, omni_wheel: Path | None, vllm: str, omni: str | No
     vllm_tree = SourceTree(vllm_wheel)
     omni_tree = SourceTree(omni_wheel) if omni_wheel else SourceTree(Path("/nonexistent-vllm-compat-root"))
     site = StaticSite(vllm_tree, omni_tree, {"vllm": vllm, "vllm-omni": omni, "torch": None})
-    env = site.environment
-    # expect.action / variant are the first catalogue entry's (the loader), as test_matrix_consistency reads them
-    _, _, decision = plan(site, read_controls())[0]
+    # expect describes the loader entry: its facts (vLLM level, loader shape) and its decision, as
+    # test_matrix_consistency reads them
+    _, env, decision = next(p for p in plan(site, read_controls()) if p[0].id == "diffusers_loader_meta_device")
     expect = {"level": env.vllm.level, "loader": env.loader.kind, "action": decision.action}
     if decision.variant:
         expect["variant"] = decision.variant
@@ -87,6 +89,13 @@ def measure(vllm_wheel: Path, omni_wheel: Path | None, vllm: str, omni: str | No
         result["unresolved"] = drift.blocking_names
         result["worker_unresolved"] = [n for n in drift.worker_blocking_names if n not in drift.blocking_names]
         result["all_unresolved"] = len(drift.unresolved)
+        # Each entrypoint (vllm_compat/entrypoints.py) as a user who installs vllm_compat gets it: the decided
+        # bridges in place before vllm-omni is imported (the startup hook), as `vllm-compat check` says.
+        from vllm_compat.bridges import provided_by_decisions
+
+        decisions = [d for _, _, d in plan(site, read_controls())]
+        bridged = drift.with_bridges(provided_by_decisions(decisions), early=True)
+        result["entrypoints"] = {status.id: status.status for status in bridged.statuses}
     return result
 
 
@@ -95,18 +104,20 @@ def _toml_expect(expect: dict) -> str:
 
 
 def rewrite(text: str, cell_id: str, measured: dict) -> str:
-    """Replace the cell's ``expect`` (and ``unresolved``, ``worker_unresolved``) lines in place; everything else is
-    kept."""
+    """Replace the cell's ``expect`` (and ``unresolved``, ``worker_unresolved``, ``entrypoints``) lines in place;
+    everything else is kept."""
     block = re.search(rf'\[\[cell\]\]\nid = "{re.escape(cell_id)}"\n(?:(?!\[\[cell\]\]).*\n?)*', text)
     if block is None:
         return text
     body = block.group()
-    body = re.sub(r"^expect = .*$", f"expect = {_toml_expect(measured['expect'])}", body, flags=re.M)
-    anchor = f"expect = {_toml_expect(measured['expect'])}\n"
-    for key in ("unresolved", "worker_unresolved"):  # the second goes after the first
+    current = re.search(r"^expect = .*$", body, flags=re.M)
+    if current is None or tomllib.loads(current.group()).get("expect") != measured["expect"]:  # same: kept as written
+        body = re.sub(r"^expect = .*$", f"expect = {_toml_expect(measured['expect'])}", body, flags=re.M)
+    anchor = re.search(r"^expect = .*$", body, flags=re.M).group() + "\n"
+    for key in ("unresolved", "worker_unresolved", "entrypoints"):  # each goes after the one before
         if key not in measured:
             continue
-        line = f"{key} = {json.dumps(measured[key])}"
+        line = f"{key} = {json.dumps(measured[key])}" if key != "entrypoints" else f"{key} = {_toml_expect(measured[key])}"
         if re.search(rf"^{key} = .*$", body, flags=re.M):
             body = re.sub(rf"^{key} = .*$", line, body, flags=re.M)
         else:
@@ -220,6 +231,8 @@ def render_cell(vllm: str, omni: str | None, measured: dict, *, why: str, overri
     for key in ("unresolved", "worker_unresolved"):
         if key in measured:
             lines.append(f"{key} = {json.dumps(measured[key])}")
+    if "entrypoints" in measured:
+        lines.append(f"entrypoints = {_toml_expect(measured['entrypoints'])}")
     bridged = bridged or {}
     if "unresolved" in measured and bridged:
         names = sorted(n for n in measured["unresolved"] if n in bridged)
@@ -409,9 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.download_dir or Path(tempfile.mkdtemp(prefix="vllm-compat-refresh-"))
     omni_dir = workdir / "vllm-omni"
     status, rows = 0, []
+    started = time.monotonic()
     if not args.cells and not args.no_intake:
         try:
             intake(args.matrix, workdir, cache, args.cache)
+            print(f"intake: {time.monotonic() - started:.0f} s")
         except subprocess.CalledProcessError as exc:
             print(f"refresh: the intake could not reach the index or fetch a wheel: {exc}", file=sys.stderr)
             status = 2
@@ -437,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                     measured = cache[key]
                     same = measured["expect"] == cell.get("expect") and all(
                         key not in measured or measured[key] == cell.get(key)
-                        for key in ("unresolved", "worker_unresolved"))
+                        for key in ("unresolved", "worker_unresolved", "entrypoints"))
                     rows.append((cell["id"], measured, same))
                     if not same and args.write:
                         args.matrix.write_text(rewrite(args.matrix.read_text(), cell["id"], measured))
@@ -467,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nalias table (matrix/aliases.py):")
         alias_status = aliases.main([] if args.write else ["--check"])
         status = status or alias_status
+    print(f"\nrefresh: {time.monotonic() - started:.0f} s")
     return status
 
 
