@@ -90,6 +90,11 @@ CATALOGUE: tuple[Entry, ...] = (
           "vllm.multimodal.processing.processor", "MultiModalProcessingInfo"),
     Entry("kv_cache_configs", "stand-in", _B + "kv_cache_configs", "vllm.v1.core.kv_cache_utils", "get_kv_cache_configs"),
     Entry("moved_names", "alias", _B + "moved_names", "vllm.env_override", "<alias table>"),
+    Entry("v1_block_table", "stand-in", _B + "v1_block_table", "vllm.v1.worker", "block_table"),
+    Entry("v1_sampling_metadata", "stand-in", _B + "v1_sampling_metadata", "vllm.v1.sample", "metadata"),
+    Entry("v1_sampler", "stand-in", _B + "v1_sampler", "vllm.v1.sample", "sampler"),
+    Entry("error_response_engine_text", "adapter", _B + "error_response_adapter", "vllm.entrypoints.serve.utils",
+          "error_response"),
     # vllm-omni 0.24.0's server (`vllm serve --omni`) on vLLM 0.25+ (issue 24, helper H6)
     Entry("openai_engine_serving", "alias", _B + "openai_engine_serving", "vllm.entrypoints.openai.engine", "serving"),
     Entry("serve_render_serving", "stand-in", _B + "serve_render_serving", "vllm.entrypoints.serve", "render"),

@@ -1,0 +1,84 @@
+"""What every module stand-in's tests check, on the real wheels (tests/bridges/test_v1_*.py and
+test_error_response_engine_text.py call these with their bridge): the decision table, the two detections agreeing,
+install / uninstall exact, and staying out where vLLM ships the module."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+
+from vllm_compat.bridges import HostKind, StandInFacts, is_ours
+from vllm_compat.bridges._module_stand_in import ModuleStandInFacts
+from vllm_compat.config import Controls
+from vllm_compat.decide import Action, decide_entry
+
+IMPORTER = ("vllm_omni.some.module:1 (module)",)
+DECISION_CASES = [
+    (ModuleStandInFacts(HostKind.LACKS, IMPORTER), Action.PATCHED),
+    (ModuleStandInFacts(HostKind.LACKS, ()), Action.SKIPPED),
+    (ModuleStandInFacts(HostKind.DEFINES, IMPORTER), Action.SKIPPED),
+    (ModuleStandInFacts(HostKind.NO_MODULE, IMPORTER), Action.SKIPPED),
+    (ModuleStandInFacts(HostKind.ABSENT, ()), Action.PENDING),
+    (ModuleStandInFacts(HostKind.UNKNOWN, IMPORTER), Action.PENDING),
+]
+DECISION_IDS = ["lacks+imported", "lacks+unused", "defines", "no-module", "no-vllm", "unknown"]
+
+
+def check_decision(point, facts, action):
+    if point.needs_replacement and facts.host == HostKind.LACKS:  # built on vLLM files of the measured shape
+        facts = ModuleStandInFacts(facts.host, facts.importers, "known")
+    assert point.decide(facts, Controls()).action == action
+    assert decide_entry(point.entry, facts, Controls(disabled_patches=frozenset({point.id}))).action == Action.DISABLED
+    if point.needs_replacement and facts.host == HostKind.LACKS and facts.importers:
+        unknown = ModuleStandInFacts(HostKind.LACKS, IMPORTER, "unknown", "what was found")
+        refused = point.decide(unknown, Controls())
+        assert refused.action == Action.REFUSED and "what was found" in refused.reason
+
+
+def check_static_and_runtime_agree(point, static):
+    module = importlib.import_module(point.target_module)
+    assert point.compare(static, point.detect_runtime(module)) == []
+
+
+def check_install_uninstall_exact(point):
+    """uninstall; install twice (the second a no-op); uninstall removes exactly the package attribute and the
+    sys.modules entry; what was there before is put back."""
+    owner = importlib.import_module(point.target_module)  # vllm_compat's hook (pytest plugin) ran
+    had_attr, had_module = vars(owner).get(point.target), sys.modules.get(point.module_name)
+    try:
+        point.uninstall(owner)
+        names, modules = set(vars(owner)), set(sys.modules)
+        decision = point.decide(point.detect_runtime(owner), Controls())
+        assert decision.action == Action.PATCHED, decision.reason
+        assert point.install(owner, decision, point.prepare(owner, point.detect_runtime(owner))) is True
+        assert point.install(owner, decision, None) is False  # already there: a no-op
+        assert set(vars(owner)) - names == {point.target} and set(sys.modules) - modules == {point.module_name}
+        assert is_ours(getattr(owner, point.target), point.id) and sys.modules[point.module_name] is getattr(
+            owner, point.target)
+        assert point.uninstall(owner) is True and set(vars(owner)) == names and set(sys.modules) == modules
+        assert point.uninstall(owner) is False
+    finally:
+        if had_attr is not None:
+            setattr(owner, point.target, had_attr)
+        if had_module is not None:
+            sys.modules[point.module_name] = had_module
+
+
+def check_stays_out(point):
+    """Where vLLM ships the module: skipped, vLLM's own module in place, prepare refuses, uninstall touches nothing."""
+    import vllm_compat
+
+    own = importlib.import_module(point.module_name)
+    decisions = {d.name: d for d in vllm_compat.apply()}
+    assert decisions[point.id].action == Action.SKIPPED, decisions[point.id].reason
+    assert not is_ours(own) and own.__file__ and sys.modules[point.module_name] is own
+    owner = importlib.import_module(point.target_module)
+    with pytest.raises(Exception, match="never replaces a module vLLM defines"):
+        point.prepare(owner, point.detect_runtime(owner))
+    assert point.uninstall(owner) is False and sys.modules[point.module_name] is own
+
+
+def stand_in_facts(static) -> StandInFacts:
+    return static.stand_in
