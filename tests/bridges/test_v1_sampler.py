@@ -120,7 +120,7 @@ def test_imports_with_the_stand_ins_which_raise_when_used_and_revert_removes_the
         assert is_not_implemented and f"vLLM 0.34 removed {module}" in message and "vLLM <= 0.33" in message
     assert out == {
         "marks": ["v1_sampler", "v1_sampling_metadata"],
-        "decisions": [("v1_sampler", "patched"), ("v1_sampling_metadata", "patched")],
+        "decisions": [["v1_sampler", "patched"], ["v1_sampling_metadata", "patched"]],
         "reverted": [False, False, False, False], "back": True,
     }
 
