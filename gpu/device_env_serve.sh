@@ -12,7 +12,7 @@
 #                        the stage processes included, and its vllm.general_plugins entry point is seen.
 #   compat_uninstall     removes it again (the image is shared by every run of the call).
 # The image's torch 2.11.0+cu130 / torchvision / torchaudio are used as they are. NVLink multicast stays off.
-VCS=/tmp/vcs
+VCS=${VCS:-/tmp/vcs}
 mkdir -p "$VCS/slices"
 for d in gpu/.carry/serve/call*; do
     [ -d "$d" ] && cp -n "$d"/* "$VCS/slices/" 2>/dev/null

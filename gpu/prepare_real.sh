@@ -8,24 +8,30 @@
 #                     imports vllm.vllm_flash_attn on the way to the layerwise loader, and that package raises
 #                     ImportError without _vllm_fa2_C or _vllm_fa3_C.
 #   site26.tar.xz     cp312 wheels of gpu/deps-e26.txt installed with `pip install --no-deps --target`, plus vLLM
-#                     0.26.0's pure-Python tree from $E26 (no .so, no vllm-rs, no C/CUDA headers) and its dist-info.
-#   omni24.tar.xz     vllm-omni 0.24.0 (package + dist-info) from $E26.
-#   omni30src.tar.xz  vllm-omni 0.30.0's diffusers_loader.py and host_weight_plan.py from $E30 (the in-tree method is
+#                     0.26.0's pure-Python tree from $SP26 (no .so, no vllm-rs, no C/CUDA headers) and its dist-info.
+#   omni24.tar.xz     vllm-omni 0.24.0 (package + dist-info) from $SP26.
+#   omni30src.tar.xz  vllm-omni 0.30.0's diffusers_loader.py and host_weight_plan.py from $SP30 (the in-tree method is
 #                     compiled out of them: vllm-omni 0.30.0 does not import on vLLM 0.26).
-# Unpacked on the device by gpu/device_env_real.sh. $E26 is built with `bash /work/envs/build.sh e26 vllm==0.26.0
-# vllm-omni==0.24.0`.
+# Unpacked on the device by gpu/device_env_real.sh. The vLLM / vllm-omni trees come from the repo alone: uv unpacks
+# the PyPI wheels vllm==0.26.0 + vllm-omni==0.24.0 and vllm-omni==0.30.0 (no deps, no torch, CPython 3.12 / x86-64)
+# into gpu/.serve-build/real{26,30} (git-ignored), unless SP26 / SP30 name site-packages dirs that hold them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-E26=${E26:-/work/envs/e26}
-E30=${E30:-/work/envs/e30}
-SP26=$(echo "$E26"/lib/python3.*/site-packages)
-SP30=$(echo "$E30"/lib/python3.*/site-packages)
+UVT=(--python-version 3.12 --python-platform x86_64-manylinux_2_39 --only-binary :all: --no-deps --no-compile)
+if [ -z "${SP26:-}" ]; then
+    SP26=gpu/.serve-build/real26
+    [ -d "$SP26/vllm_omni" ] || uv pip install -q "${UVT[@]}" --target "$SP26" vllm==0.26.0 vllm-omni==0.24.0
+fi
+if [ -z "${SP30:-}" ]; then
+    SP30=gpu/.serve-build/real30
+    [ -d "$SP30/vllm_omni" ] || uv pip install -q "${UVT[@]}" --target "$SP30" vllm-omni==0.30.0
+fi
 C=gpu/.carry
 PLATFORMS=(--python-version 3.12 --implementation cp --only-binary=:all:)
 for n in 1 17 24 27 28 31 34 35; do
     case $n in 1) PLATFORMS+=(--platform manylinux1_x86_64) ;; 17) PLATFORMS+=(--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64) ;; *) PLATFORMS+=(--platform manylinux_2_${n}_x86_64) ;; esac
 done
-grep -q '^vllm-0.26.0.dist-info$' <(ls "$SP26") || { echo "$E26 has no vLLM 0.26.0" >&2; exit 1; }
+grep -q '^vllm-0.26.0.dist-info$' <(ls "$SP26") || { echo "$SP26 has no vLLM 0.26.0" >&2; exit 1; }
 
 mkdir -p "$C/whl26"
 rm -rf "$C/build26" && mkdir -p "$C/build26/site26" "$C/build26/omni24" "$C/build26/omni30src/vllm_omni/diffusion/model_loader"

@@ -30,8 +30,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=$(realpath -m "${SERVE_BUILD:-gpu/.serve-build}")
 C=gpu/.carry/serve
-SLICE_MB=${SLICE_MB:-58}
-CALL_MB=${CALL_MB:-58}
+SLICE_MB=${SLICE_MB:-60}
+CALL_MB=${CALL_MB:-60}
 PLAT=(--python-version 3.12 --python-platform x86_64-manylinux_2_39 --only-binary :all: --no-deps --no-compile)
 mkdir -p "$B"
 
@@ -40,6 +40,8 @@ for spec in v024:vllm==0.24.0 v0251:vllm==0.25.1 omni024:vllm-omni==0.24.0; do
     d=$B/${spec%%:*}
     [ -d "$d" ] || uv pip install -q "${PLAT[@]}" --target "$d" "${spec#*:}"
 done
+P=$B/parts
+if [ -z "${REUSE_PARTS:-}" ] || [ ! -f "$P/py024.tar.xz" ]; then  # REUSE_PARTS=1: only re-slice the parts built last time
 # 2. Dependencies, from the deps files (always reinstalled: cheap from uv's cache).
 rm -rf "$B/deps" "$B/deps024" "$B/deps0251"
 uv pip install -q "${PLAT[@]}" --target "$B/deps" -r gpu/deps-serve-common.txt
@@ -47,7 +49,6 @@ uv pip install -q "${PLAT[@]}" --target "$B/deps024" -r gpu/deps-serve-v0.24.0.t
 uv pip install -q "${PLAT[@]}" --target "$B/deps0251" -r gpu/deps-serve-v0.25.1.txt
 
 # 3. Parts.
-P=$B/parts
 rm -rf "$P" && mkdir -p "$P"
 PURE=(--exclude='__pycache__' --exclude='*.so' --exclude='vllm/vllm-rs' --exclude='*.h' --exclude='*.hpp'
       --exclude='*.cuh' --exclude='*.cu' --exclude='*.inl')
@@ -62,28 +63,37 @@ for v in 024:0.24.0 0251:0.25.1; do
     (cd "$B/v$tag" && tar -cf - vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so) | xzpart "fa3_$tag"
 done
 tar -C "$B/omni024" -cf - --exclude='__pycache__' vllm_omni vllm_omni-0.24.0.dist-info | xzpart omni024
+fi
 
-# 4. Slices, manifest, call folders (first fit, in part order: the kernels of 0.25.1 first, then the rest).
+# 4. Slices, manifest, call folders.
 rm -rf "$C" && mkdir -p "$C"
 S=$B/slices
 rm -rf "$S" && mkdir -p "$S"
 : > "$C/MANIFEST"
-for part in so0251 fa3_0251 py0251 deps omni024 so024 fa3_024 py024; do
+for part in so0251 py0251 deps fa3_0251 omni024 fa3_024 py024 so024; do
     split -b "${SLICE_MB}M" -d -a 2 "$P/$part.tar.xz" "$S/$part.tar.xz."
     n=$(ls "$S" | grep -c "^$part\.tar\.xz\.")
     echo "$part $n $(sha256sum < "$P/$part.tar.xz" | cut -d' ' -f1) $(stat -c %s "$P/$part.tar.xz")" >> "$C/MANIFEST"
 done
-call=1; used=0; limit=$((CALL_MB * 1024 * 1024))
-: > "$C/calls.txt"
-while read -r part n _; do
-    for f in "$S/$part".tar.xz.*; do
-        size=$(stat -c %s "$f")
-        if [ $((used + size)) -gt "$limit" ] && [ "$used" -gt 0 ]; then call=$((call + 1)); used=0; fi
-        mkdir -p "$C/call$call"
-        mv "$f" "$C/call$call/"
-        used=$((used + size))
-    done
-done < "$C/MANIFEST"
-for d in "$C"/call*; do cp "$C/MANIFEST" "$d/"; done  # every call carries the manifest with its slices
-for d in "$C"/call*; do echo "$d $(du -sm "$d" | cut -f1) MiB: $(ls "$d" | tr '\n' ' ')"; done | sort -V | tee "$C/calls.txt"
+# First fit over every call folder opened so far: the vLLM 0.25.1 set (+ deps, vllm-omni) is complete after call 3, the
+# 0.24.0 kernels come last.
+python3 - "$C" "$S" "$CALL_MB" <<'PY'
+import shutil, sys
+from pathlib import Path
+c, s, limit = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]) * 1024 * 1024
+calls: list[int] = []
+order = ["so0251", "py0251", "deps", "fa3_0251", "omni024", "fa3_024", "py024", "so024"]
+for part in order:
+    for f in sorted(s.glob(part + ".tar.xz.*")):
+        size = f.stat().st_size
+        i = next((i for i, used in enumerate(calls) if used + size <= limit), None)
+        if i is None:
+            calls.append(0)
+            i = len(calls) - 1
+        calls[i] += size
+        (c / f"call{i + 1}").mkdir(exist_ok=True)
+        shutil.move(str(f), c / f"call{i + 1}" / f.name)
+PY
+for d in "$C"/call[0-9]*; do cp "$C/MANIFEST" "$d/"; done  # every call carries the manifest with its slices
+for d in "$C"/call[0-9]*; do echo "$d $(du -sm "$d" | cut -f1) MiB: $(ls "$d" | tr '\n' ' ')"; done | sort -V | tee "$C/calls.txt"
 cut -d' ' -f1,2,4 "$C/MANIFEST"

@@ -36,6 +36,7 @@ PROMPT = "a red cube on a blue table"
 SEED = 1234
 SIZE = "64x64"
 STEPS = 4
+TRACEBACK_GRACE_S = 60.0
 # The tiny model's widths. The transformer's joint_attention_dim is the text encoder's hidden size; its
 # in_channels = 4 * the VAE's z_dim (2x2 latent patches); axes_dims_rope sums to the head dim.
 TEXT_HIDDEN = 64
@@ -202,6 +203,7 @@ def serve(name: str, model: Path, out: Path, *, port: int, extra: list[str], sta
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd="/tmp", start_new_session=True)
     base = f"http://127.0.0.1:{port}"
+    first_tb = None
     try:
         while True:
             if proc.poll() is not None:
@@ -213,6 +215,13 @@ def serve(name: str, model: Path, out: Path, *, port: int, extra: list[str], sta
             if time.monotonic() - t0 > startup_timeout:
                 rec.update(started=False, startup_timeout_s=startup_timeout)
                 break
+            # A stage that failed to load can leave the API process waiting: once the log shows a traceback,
+            # give it TRACEBACK_GRACE_S more, then record it as not started (the log says where it stopped).
+            if first_tb is None and "Traceback (most recent call last)" in log_path.read_text(errors="replace"):
+                first_tb = time.monotonic()
+            if first_tb is not None and time.monotonic() - first_tb > TRACEBACK_GRACE_S:
+                rec.update(started=False, stopped_after_traceback_s=round(time.monotonic() - t0, 1))
+                break
             time.sleep(1.0)
         if rec.get("started"):
             status, body = _get(base + "/v1/models")
@@ -221,7 +230,7 @@ def serve(name: str, model: Path, out: Path, *, port: int, extra: list[str], sta
             rec["model_id"] = model_id
             from openai import OpenAI
 
-            client = OpenAI(base_url=base + "/v1", api_key="unused", timeout=300)
+            client = OpenAI(base_url=base + "/v1", api_key="unused", timeout=120, max_retries=0)
             images = []
             for attempt in range(2):
                 t1 = time.monotonic()
@@ -280,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("dir", type=Path)
     s.add_argument("out", type=Path)
     s.add_argument("--port", type=int, default=8091)
-    s.add_argument("--startup-timeout", type=float, default=300.0)
+    s.add_argument("--startup-timeout", type=float, default=240.0)
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []  # more `vllm serve` arguments, after --
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)

@@ -1,32 +1,38 @@
 # The device calls of the served Qwen-Image check (issue 24 item 4). On the GPU machine, from the repo root:
 #   bash gpu/serve_run.sh unpack          a call that only carries slices (gpu/.carry/serve/callN)
-#   bash gpu/serve_run.sh native          (a) 0.25.1 unpatched, (b) native 0.24.0, (b') native 0.24.0 --quantization fp8
+#   bash gpu/serve_run.sh bug             (a) vLLM 0.25.1 + vllm-omni 0.24.0, unpatched
+#   bash gpu/serve_run.sh native          (b) native 0.24.0, (b') native 0.24.0 --quantization fp8
 #   bash gpu/serve_run.sh compat          vllm_compat installed: (c) 0.25.1, (d) 0.25.1 fp8, (d') 0.24.0 fp8
-# Each phase writes $OUT/serve_<phase>.json (every run's record plus the comparisons) and
-# $OUT/serve_<phase>_logs.tar.gz (server logs, PNGs, records). The tiny model is written once per machine
+# Each phase writes $OUT/serve_<run>.json after each run, $OUT/serve_<phase>_logs.tar.gz (server logs, PNGs,
+# records; renewed after each run) and $OUT/serve_<phase>.json (every run's record plus the image comparisons). The tiny model is written once per machine
 # (deterministic: the same files from the same seed, digest in the record).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source gpu/device_env_serve.sh || exit 1
 phase=${1:-unpack}
 [ "$phase" = unpack ] && exit 0
-W=/tmp/vcs/out/$phase
+W=$VCS/out/$phase
 rm -rf "$W" && mkdir -p "$W"
-MODEL=/tmp/vcs/tiny-qwen-image
+MODEL=$VCS/tiny-qwen-image
 START=$(date +%s)
 serve_env 024
 python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, torch.cuda.get_device_name())'
-[ -f "$MODEL/model_index.json" ] || python3 gpu/serve_check.py write-model "$MODEL" --json /tmp/vcs/model.json > /dev/null || exit 1
-cp /tmp/vcs/model.json "$W/model.json"
+[ -f "$MODEL/model_index.json" ] || python3 gpu/serve_check.py write-model "$MODEL" --json $VCS/model.json > /dev/null || exit 1
+cp $VCS/model.json "$W/model.json"
 run() {  # name vllm-tag port [serve args...]
     local name=$1 tag=$2 port=$3; shift 3
     serve_env "$tag"
     echo "=== $name (vLLM $tag) $(date -u +%T)"
-    python3 gpu/serve_check.py serve "$name" "$MODEL" "$W" --port "$port" -- --enforce-eager "$@"
+    python3 gpu/serve_check.py serve "$name" "$MODEL" "$W" --port "$port" --startup-timeout 180 -- --enforce-eager "$@"
+    # What is done so far comes back even if a later run outlasts the call.
+    cp "$W/$name.json" "$OUT/serve_$name.json"
+    tar -C $VCS/out -czf "$OUT/serve_${phase}_logs.tar.gz" "$phase"
 }
-if [ "$phase" = native ]; then
+if [ "$phase" = bug ]; then
     compat_uninstall 2>/dev/null
     run bug0251 0251 8101
+elif [ "$phase" = native ]; then
+    compat_uninstall 2>/dev/null
     run native024 024 8102
     run native024_fp8 024 8103 --quantization fp8
 elif [ "$phase" = compat ]; then
@@ -46,8 +52,8 @@ w, phase, out, start = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), float(
 recs = {p.stem: json.loads(p.read_text()) for p in sorted(w.glob("*.json")) if p.stem != "model"}
 summary = {"phase": phase, "model": json.loads((w / "model.json").read_text()), "runs": recs,
            "phase_wall_s": round(time.time() - start, 1)}
-# Image comparisons against every image brought back by earlier phases (kept under /tmp/vcs/out).
-pngs = {p.stem: p for p in sorted(Path("/tmp/vcs/out").glob("*/*.png"))}
+# Image comparisons against every image of this machine so far (earlier phases kept under $VCS/out).
+pngs = {p.stem: p for p in sorted(w.parent.glob("*/*.png"))}
 arrs = {k: np.asarray(Image.open(p).convert("RGB")).astype(np.int16) for k, p in pngs.items()}
 cmp = {}
 for a in arrs:
@@ -60,4 +66,4 @@ summary["image_comparisons"] = cmp
 print(json.dumps({k: {kk: v.get(kk) for kk in ("started", "exit_code", "health_after_s", "repeat_equal", "sigint_stop_s", "error_lines")} for k, v in recs.items()}, indent=1))
 print(json.dumps(cmp, indent=1))
 EOF
-tar -C /tmp/vcs/out -czf "$OUT/serve_${phase}_logs.tar.gz" "$phase"
+tar -C $VCS/out -czf "$OUT/serve_${phase}_logs.tar.gz" "$phase"
