@@ -286,24 +286,35 @@ def matrix(session: nox.Session) -> None:
 ROTATING_CELLS = [c for c in CELLS if not c.get("default")]
 
 
+def _rotation_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("matrix_rotation", ROOT / "matrix" / "rotation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def rotation_share(seed: int, per_run: int) -> list[dict]:
-    """The ``per_run`` non-default cells for submission number ``seed``: consecutive submissions take the next
-    ones, so every cell runs at least once in every ceil(len(ROTATING_CELLS) / per_run) submissions."""
-    start = (seed * per_run) % len(ROTATING_CELLS)
-    return [ROTATING_CELLS[(start + i) % len(ROTATING_CELLS)] for i in range(min(per_run, len(ROTATING_CELLS)))]
+    """The ``per_run`` non-default cells for submission number ``seed`` (matrix/rotation.py: dealt by stride, so
+    every cell runs once in every ceil(len(ROTATING_CELLS) / per_run) submissions and neighbours in the file, such
+    as the serve cells, land in different runs)."""
+    return _rotation_module().rotation_share(ROTATING_CELLS, seed, per_run)
 
 
 @nox.session(python=False)
 def rotation(session: nox.Session) -> None:
-    """CI's share of the non-default cells (VLLM_COMPAT_ROTATION cells, default 3), picked by the commit count."""
+    """CI's share of the non-default cells (VLLM_COMPAT_ROTATION cells, default 4), picked by the commit count."""
     import subprocess
 
-    per_run = int(os.environ.get("VLLM_COMPAT_ROTATION", "3"))
+    per_run = int(os.environ.get("VLLM_COMPAT_ROTATION", "4"))
     seed = os.environ.get("VLLM_COMPAT_ROTATION_SEED") or subprocess.run(
         ["git", "rev-list", "--count", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "0"
     cells = rotation_share(int(seed), per_run)
+    if not cells:
+        session.skip(f"no rotating cells (VLLM_COMPAT_ROTATION={per_run}, {len(ROTATING_CELLS)} non-default cells)")
     session.log(f"rotation {seed}: {', '.join(c['id'] for c in cells)} (every cell once in "
-                f"{-(-len(ROTATING_CELLS) // max(per_run, 1))} submissions)")
+                f"{_rotation_module().rotation_period(len(ROTATING_CELLS), per_run)} submissions)")
     _run_matrix(session, cells, f"nox -s rotation (seed {seed})")
 
 
