@@ -189,8 +189,10 @@ def fetch_pinned(pins: dict[str, str], directory: Path | None = None, offline: b
         try:
             entries = _entries(_pip_report([f"{p}=={v}" for p, v in batch.items()]))
         except WheelError as exc:
-            if len(batch) == 1 or len(batches) == 1:
+            if len(batch) == 1 or len(batches) == 1 or exc.kind == "no_network":
                 failed.update({p: str(exc) for p in batch})
+            if exc.kind == "no_network":  # asking again, one by one, would only wait longer
+                break
             continue
         for package, meta in entries.items():
             requires = meta.get("requires_dist", [])
