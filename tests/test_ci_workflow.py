@@ -1,5 +1,5 @@
 """.github/workflows/matrix.yml's cell listing, run here: its embedded Python reads matrix/vllm.toml and must give
-every cell (in file order, with its versions) as the JSON matrix the cell jobs expand, a chosen subset, and a
+every cell (in file order, with its versions and torch) as the JSON matrix the cell jobs expand, a chosen subset, and a
 failure naming an unknown id. The expected ids come from the TOML itself."""
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def _matrix(result: subprocess.CompletedProcess) -> list[dict]:
 def test_the_workflow_lists_every_cell_of_the_matrix():
     rows = _matrix(_listing(""))
     assert [r["id"] for r in rows] == [c["id"] for c in CELLS]
-    assert [(r["vllm"], r["vllm_omni"]) for r in rows] == [(c["vllm"], c.get("vllm_omni", "-")) for c in CELLS]
+    assert [(r["vllm"], r["vllm_omni"], r["torch"]) for r in rows] == [
+        (c["vllm"], c.get("vllm_omni", "-"), c.get("torch", "cpu")) for c in CELLS]
 
 
 def test_a_chosen_subset_and_an_unknown_id():
