@@ -99,6 +99,7 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry("openai_engine_serving", "alias", _B + "openai_engine_serving", "vllm.entrypoints.openai.engine", "serving"),
     Entry("serve_render_serving", "stand-in", _B + "serve_render_serving", "vllm.entrypoints.serve", "render"),
     Entry("serve_disagg_serving", "stand-in", _B + "serve_disagg_serving", "vllm.entrypoints.serve", "disagg"),
+    Entry("launcher_adapter", "adapter", _B + "launcher_adapter", "vllm.entrypoints", "launcher"),
 )
 
 

@@ -21,12 +21,14 @@ from vllm_compat.detect.static import StaticSite
 SERVER = "vllm_omni.entrypoints.openai.api_server"
 
 
-def cases(bridge) -> dict:
+def cases(bridge, probe: str = SERVER) -> dict:
+    """``probe``: the module whose import shows the drift (vllm-omni's server, or the old module itself where the
+    server still needs more than this bridge on the vLLMs it serves)."""
     point = bridge.DRIFT_POINT
     static = point.detect_static(StaticSite.installed())
     host = getattr(static, "host", None)
     importers = getattr(static, "importers", ())
-    facts_of = getattr(bridge, "facts_for_table", None) or (lambda h, i: StandInFacts(h, i))
+    facts_of = getattr(bridge, "facts_for_table", None) or StandInFacts
     importer = "vllm_omni.entrypoints.openai.api_server:1 (module)"
     needs_missing = pytest.mark.skipif(
         host != HostKind.LACKS or not importers or point.decide(static, Controls()).action != Action.PATCHED,
@@ -61,7 +63,7 @@ def cases(bridge) -> dict:
         result = run_python(
             f"""
             try:
-                import {SERVER}
+                import {probe}
             except ImportError as exc:
                 print("IMPORT-ERROR", type(exc).__name__, exc)
             else:
@@ -76,7 +78,7 @@ def cases(bridge) -> dict:
         result = run_python(
             f"""
             import json, sys
-            import {SERVER}
+            import {probe}
             import vllm_compat
             parent = sys.modules["{point.target_module}"]
             chain = {point.chain()!r}

@@ -116,3 +116,9 @@ class OpenAIEngineServingAlias(ModuleStandIn):
 
 
 DRIFT_POINT = OpenAIEngineServingAlias()
+
+
+def facts_for_table(host: str, importers: tuple[str, ...], changed: bool = False) -> AliasedModuleFacts:
+    """Facts for a decision-table row (tests): every definition the old one, or ``changed``."""
+    state = "changed (0000000000000000)" if changed else "same"
+    return AliasedModuleFacts(host, importers, tuple((name, state) for name in MOVED) if host == HostKind.LACKS else ())

@@ -1,0 +1,90 @@
+"""The ``launcher_adapter`` bridge on the real wheels: the shared module checks (``serve_stand_in_cases``: the old
+module's real ModuleNotFoundError without it on vLLM 0.29+, the import with it, revert exact, out where vLLM 0.24-0.28
+has it), and the behaviour vllm-omni relies on, as a differential test: a server started with
+``vllm.entrypoints.launcher.serve_http`` on an app whose engine client has ``vllm_config`` None (what vllm-omni's
+pure-diffusion ``AsyncOmni`` has) stops on SIGINT, with vLLM 0.24's own launcher and with the adapter on 0.29+; vLLM
+0.29+'s ``serve_http`` itself does not (the unpatched reproduction).
+
+The engine client is a stand-in object with the attributes the launchers read (``vllm_config``, ``errored``,
+``is_running``, ``should_keep_api_server_alive``, ``shutdown``): building vllm-omni's real ``AsyncOmni`` needs a
+stage that does not start on a CPU-only machine (tests/serve). Loopback, port 0, bounded waits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import VLLM_VERSION, needs_vllm, run_python
+from tests.bridges.serve_stand_in_cases import cases
+from vllm_compat.bridges import HostKind
+from vllm_compat.bridges import launcher_adapter as bridge
+
+globals().update(cases(bridge, probe=bridge.OLD_MODULE))
+
+SIGINT_SCRIPT = """
+import asyncio, importlib, json, os, signal, socket, sys, time
+from fastapi import FastAPI
+serve_http = importlib.import_module(sys.argv[1]).serve_http
+
+class PureDiffusionClient:
+    vllm_config = None
+    errored = False
+    is_running = True
+    dead_error = None
+    should_keep_api_server_alive = False
+    shutdowns = []
+    def shutdown(self, timeout=None):
+        self.shutdowns.append(timeout)
+
+app = FastAPI()
+client = PureDiffusionClient()
+app.state.engine_client = client
+sock = socket.socket(); sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]
+out = {}
+
+async def main():
+    loop = asyncio.get_running_loop()
+    loop.call_later(2.0, lambda: (out.__setitem__("sent", time.monotonic()), os.kill(os.getpid(), signal.SIGINT)))
+    shutdown = await serve_http(app, sock=sock, host="127.0.0.1", port=port, log_level="warning")
+    out["stopped_s"] = round(time.monotonic() - out["sent"], 2)
+    await shutdown
+
+try:
+    asyncio.run(asyncio.wait_for(main(), 20))
+except (asyncio.TimeoutError, TimeoutError):
+    out["stopped_s"] = None
+except KeyboardInterrupt:
+    out.setdefault("stopped_s", round(time.monotonic() - out["sent"], 2))
+out["engine_shutdowns"] = client.shutdowns
+print("RESULT", json.dumps(out))
+"""
+
+
+def sigint_run(module: str, env: dict | None = None) -> dict:
+    result = run_python(SIGINT_SCRIPT.replace("sys.argv[1]", repr(module)), env=env, timeout=120)
+    assert "RESULT " in result.stdout, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(result.stdout.split("RESULT ", 1)[1].splitlines()[0])
+
+
+@needs_vllm
+@pytest.mark.skipif(STATIC.host != HostKind.DEFINES, reason=f"needs vLLM's own {bridge.OLD_MODULE} (0.24-0.28); here "
+                    f"vLLM {STATIC.host} it")
+def test_native_launcher_stops_a_pure_diffusion_server_on_sigint():
+    """The behaviour vllm-omni 0.24.0 was written against (vLLM 0.24's launcher: uvicorn handles the signal)."""
+    out = sigint_run(bridge.OLD_MODULE)
+    assert out["stopped_s"] is not None and out["stopped_s"] < 10, out
+
+
+@needs_missing  # noqa: F821 (bound by cases())
+def test_new_launcher_alone_ignores_sigint_with_a_pure_diffusion_client():
+    """The unpatched reproduction: vLLM 0.29+'s own serve_http, the same app: still serving 20 s after SIGINT."""
+    out = sigint_run(bridge.NEW_MODULE)
+    assert out["stopped_s"] is None, f"vLLM {VLLM_VERSION}'s serve_http stopped: {out}"
+
+
+@needs_missing  # noqa: F821
+def test_adapter_stops_a_pure_diffusion_server_on_sigint_and_stops_the_engine():
+    out = sigint_run(bridge.OLD_MODULE)
+    assert out["stopped_s"] is not None and out["stopped_s"] < 10, out
+    assert out["engine_shutdowns"] == [bridge.SHUTDOWN_TIMEOUT], out
