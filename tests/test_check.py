@@ -136,7 +136,7 @@ def test_screen_and_json_for_vllm_031_with_vllm_omni_024(capsys, wheel_cache, mo
     assert "level: meta_device_with_finalize" in screen and "loader: legacy" in screen
     assert "verdict: WILL NOT START: " in screen and "(cached)" in screen
     assert "still stops import vllm_omni" not in screen and " bridged by vllm_compat" in screen  # RoutedExpertsLists
-    assert "the diffusion stage" in screen.partition("verdict: ")[2].partition(".")[0]  # named among what stops
+    assert "the diffusion stage (vllm.inputs.preprocess missing" in screen.partition("verdict: ")[2]  # named as stopped
     assert "still stops it: vllm.inputs.preprocess (in vllm_omni.inputs.preprocess:5)" in screen
     monkeypatch.delenv("VLLM_COMPAT_DISABLE_PATCHES")
     code = main(["check", "vllm==0.31.0", "vllm-omni==0.24.0"])
