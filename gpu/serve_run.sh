@@ -3,6 +3,7 @@
 #   bash gpu/serve_run.sh bug             (a) vLLM 0.25.1 + vllm-omni 0.24.0, unpatched
 #   bash gpu/serve_run.sh native          (b) native 0.24.0, (b') native 0.24.0 --quantization fp8
 #   bash gpu/serve_run.sh compat          vllm_compat installed: (c) 0.25.1, (d) 0.25.1 fp8, (d') 0.24.0 fp8
+#   bash gpu/serve_run.sh diag            DIAGNOSTIC: vllm_compat + gpu/serve_diag_reuse_port.py, 0.25.1 and 0.25.1 fp8
 # Each phase writes $OUT/serve_<run>.json after each run, $OUT/serve_<phase>_logs.tar.gz (server logs, PNGs,
 # records; renewed after each run) and $OUT/serve_<phase>.json (every run's record plus the image comparisons). The tiny model is written once per machine
 # (deterministic: the same files from the same seed, digest in the record).
@@ -41,6 +42,15 @@ elif [ "$phase" = compat ]; then
     run compat0251 0251 8104
     run compat0251_fp8 0251 8105 --quantization fp8
     run compat024_fp8 024 8106 --quantization fp8
+    compat_uninstall
+elif [ "$phase" = diag ]; then  # DIAGNOSTIC (gpu/serve_diag_reuse_port.py): past the setup_server stop, what next?
+    compat_install || { echo "compat_install failed"; exit 1; }
+    SP=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    mkdir -p "$VCS/diag" && cp gpu/serve_diag_reuse_port.py "$VCS/diag/"
+    echo "import sys; sys.path.append('$VCS/diag'); import serve_diag_reuse_port" > "$SP/serve_diag_reuse_port.pth"
+    run diag0251 0251 8107
+    run diag0251_fp8 0251 8108 --quantization fp8
+    rm -f "$SP/serve_diag_reuse_port.pth"
     compat_uninstall
 fi
 python3 - "$W" "$phase" "$OUT" "$START" <<'EOF'
