@@ -251,8 +251,6 @@ def render(result: CheckResult) -> str:
         lines += ["", *render_entrypoints(drift, "    ")]
     if result.dependencies is not None:
         lines += ["", *result.dependencies.render_lines()]
-    if result.dependencies is not None:
-        lines += ["", *result.dependencies.render_lines()]
     lines += ["", f"  verdict: {report.verdict().text}"]
     return "\n".join(lines)
 
