@@ -351,3 +351,12 @@ def bench(session: nox.Session) -> None:
     cell = next(c for c in CELLS if c["id"] == "v0.30-omni0.30")
     _install_cell(session, cell)
     session.run("python", "bench/run.py", *session.posargs)
+
+
+@nox.session(name="mutants")
+def mutants(session: nox.Session) -> None:
+    """Mutation testing (mutmut) of the drift-point and decision modules on v0.30-omni0.24; not in CI (docs/mutation.md)."""
+    cell = next(c for c in CELLS if c["id"] == "v0.30-omni0.24")
+    _install_cell(session, cell)
+    session.install("mutmut==3.8.1")
+    session.run("python", "mutation/run.py", *session.posargs, env=_cell_env(cell))

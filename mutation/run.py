@@ -1,0 +1,154 @@
+"""Mutation testing of the drift-point and decision modules with mutmut 3, in one matrix cell (``nox -s mutants``).
+
+mutmut copies the package into ``mutants/``, rewrites each function of the mutated modules into a trampoline
+over its mutants, runs the selected tests once to learn which tests reach which function, then forks one child
+per mutant that runs only those tests (vLLM, vllm-omni and torch are imported once, in the parent). It works
+in a scratch copy of the repository (``.nox/mutants-work``) with its own ``setup.cfg``, so the repository's
+``pyproject.toml`` and tree stay as they are.
+
+What a run can and cannot see: mutants run in the pytest process and in subprocesses the tests start with this
+interpreter (``PYTHONPATH`` puts the mutated copy first, and mutmut's ``MUTANT_UNDER_TEST`` is inherited), but
+mutmut picks a mutant's tests from the functions it saw called in the pytest process only. A function that only
+a subprocess calls is "no tests": counted as not killed here.
+
+Usage (inside the cell's env): ``python mutation/run.py [--modules GLOB ...] [--tests PATH ...] [--keep]``;
+prints killed / total per module and writes ``.nox/mutants-work/summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / ".nox" / "mutants-work"
+# The drift-point and decision modules (issue 23): what decides and installs, not the generic layers.
+MODULES = ["vllm_compat/patches/*.py", "vllm_compat/bridges/*.py", "vllm_compat/decide.py"]
+# Generated data and the routing table: no logic to mutate.
+NOT_MUTATED = ["vllm_compat/bridges/_alias_table.py", "vllm_compat/catalogue.py", "vllm_compat/patches/catalogue.py"]
+# The tests of those modules that run in the pytest process (mutmut learns a mutant's tests there).
+TESTS = ["tests/test_decide.py", "tests/bridges", "tests/patches"]
+# Tests that only run the code in a fresh interpreter: mutmut never picks them for a mutant (it learns a mutant's
+# tests from the calls it sees in the pytest process), so running them would only cost the stats and clean runs.
+SUBPROCESS_ONLY = ("not unpatched and not imports_with_the_stand_in and not resolves_to_the_new and not old_module_path "
+                   "and not patched_hsdp and not generator")
+COPIED = ["vllm_compat", "tests", "matrix", "pyproject.toml", "README.md"]
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
+          -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault",
+          None: "not checked"}
+
+
+def _prepare(modules: list[str], tests: list[str], keep: bool, from_tree: bool, rev: str = "HEAD") -> None:
+    if WORK.exists() and not keep:
+        shutil.rmtree(WORK)
+    WORK.mkdir(parents=True, exist_ok=True)
+    if from_tree:  # the working tree, uncommitted edits included
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+        for name in COPIED:
+            source, target = ROOT / name, WORK / name
+            if source.is_dir():
+                shutil.copytree(source, target, ignore=ignore, dirs_exist_ok=True)
+            elif source.exists():
+                shutil.copy2(source, target)
+    else:  # the last commit: others' half-done edits in a shared tree stay out
+        archive = subprocess.run(["git", "archive", rev, *COPIED], cwd=ROOT, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(WORK)], input=archive.stdout, check=True)
+    cfg = ["[mutmut]", "source_paths = vllm_compat/", "only_mutate ="]
+    cfg += [f"    {m}" for m in modules]
+    cfg += ["do_not_mutate ="] + [f"    {m}" for m in NOT_MUTATED]
+    cfg += ["also_copy ="] + [f"    {c}" for c in COPIED if c != "vllm_compat"]
+    cfg += ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in tests]
+    # No xdist (mutmut forks per mutant), no cache between forks; tests that need a GPU skip on their own.
+    cfg += ["pytest_add_cli_args =", "    -p", "    no:cacheprovider", "    -p", "    no:xdist",
+            "    --ignore=tests/gpu", "    -k", f"    {SUBPROCESS_ONLY}", "timeout_multiplier = 4.0", "timeout_constant = 30.0",
+            f"debug = {str(bool(os.environ.get('MUTANTS_DEBUG'))).lower()}", ""]
+    (WORK / "setup.cfg").write_text("\n".join(cfg))
+    # PYTHONPATH names it before mutmut fills it: an absent folder would be cached as not importable.
+    (WORK / "mutants").mkdir(exist_ok=True)
+
+
+def summarize() -> dict:
+    """{module: {status: count}} from mutmut's meta files (one per mutated module)."""
+    out = {}
+    for meta in sorted((WORK / "mutants").rglob("*.py.meta")):
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        module = str(meta.relative_to(WORK / "mutants"))[: -len(".meta")]
+        out[module] = dict(Counter(STATUS.get(code, "suspicious") for code in codes.values()))
+    return out
+
+
+def survivors() -> list[str]:
+    names = []
+    for meta in sorted((WORK / "mutants").rglob("*.py.meta")):
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        names += [k for k, code in codes.items() if STATUS.get(code, "suspicious") != "killed"]
+    return names
+
+
+def render(summary: dict) -> str:
+    lines = ["| module | killed / total | survived | no tests | timeout | other |", "|---|---|---|---|---|---|"]
+    totals = Counter()
+    for module, counts in summary.items():
+        total = sum(counts.values())
+        killed = counts.get("killed", 0) + counts.get("timeout", 0)
+        other = total - killed - counts.get("survived", 0) - counts.get("no tests", 0)
+        totals.update(counts)
+        lines.append(f"| {module} | {killed} / {total} ({100 * killed / max(total, 1):.0f} %) | "
+                     f"{counts.get('survived', 0)} | {counts.get('no tests', 0)} | {counts.get('timeout', 0)} | {other} |")
+    total = sum(totals.values())
+    killed = totals.get("killed", 0) + totals.get("timeout", 0)
+    lines.append(f"| all | {killed} / {total} ({100 * killed / max(total, 1):.0f} %) | {totals.get('survived', 0)} | "
+                 f"{totals.get('no tests', 0)} | {totals.get('timeout', 0)} | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    global WORK
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modules", nargs="+", default=MODULES, help="globs of the modules to mutate")
+    parser.add_argument("--tests", nargs="+", default=TESTS, help="test files / folders mutmut selects from")
+    parser.add_argument("--keep", action="store_true", help="reuse .nox/mutants-work (mutmut's cached verdicts)")
+    parser.add_argument("--tree", action="store_true", help="mutate the working tree (default: the last commit)")
+    parser.add_argument("--rev", default="HEAD", help="the commit to mutate (default: HEAD)")
+    parser.add_argument("--work", type=Path, default=WORK, help="scratch folder (default: .nox/mutants-work)")
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args(argv)
+    WORK = args.work.resolve()
+    _prepare(args.modules, args.tests, args.keep, args.tree, args.rev)
+    env = {**os.environ, "PYTHONPATH": str(WORK / "mutants"), "VLLM_COMPAT_TEST_WORKERS": "0",
+           # The startup hook (vllm_compat_startup.pth) would import the editable, unmutated vllm_compat before
+           # mutmut puts the mutated copy first; the launcher below takes the switch off again before any test.
+           "VLLM_COMPAT_DISABLE": "1", "VLLM_COMPAT_MUTANTS_LAUNCH": "1"}
+    launcher = ("import os, sys\n"
+                "if os.environ.pop('VLLM_COMPAT_MUTANTS_LAUNCH', None): os.environ.pop('VLLM_COMPAT_DISABLE', None)\n"
+                "assert 'vllm_compat' not in sys.modules\n"
+                "sys.argv = ['mutmut', 'run', '--max-children', sys.argv[1]]\n"
+                "import mutmut.__main__ as mutmut_main\n"
+                # mutmut's setup check makes every mutated function raise and expects a failing test; here the
+                # first such raise is in tests/conftest.py (it plans the catalogue at import), which pytest reports
+                # as a usage error (exit 4) that the check does not accept. The stats run already showed the
+                # mutated copy is the one imported (its trampolines recorded the calls).
+                "mutmut_main.run_forced_fail_test = lambda runner: None\n"
+                "from mutmut.__main__ import cli\n"
+                "cli()\n")
+    started = time.monotonic()
+    code = subprocess.run([sys.executable, "-c", launcher, str(args.max_children)], cwd=WORK, env=env).returncode
+    elapsed = time.monotonic() - started
+    summary = summarize()
+    (WORK / "summary.json").write_text(json.dumps({"seconds": elapsed, "modules": summary,
+                                                   "not_killed": survivors()}, indent=1))
+    print(render(summary))
+    print(f"mutmut exit {code}, {elapsed:.0f} s; not killed: {WORK / 'summary.json'} (mutmut show NAME in "
+          f"{WORK} for a diff)")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
