@@ -75,7 +75,7 @@ def run_python(code: str, env: dict | None = None, timeout: float = 300, script=
 
 
 def _static_capabilities():
-    from vllm_compat.detect.static import detect_static
+    from vllm_compat.patches.diffusers_loader.facts import detect_static
 
     return detect_static().vllm
 

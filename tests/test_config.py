@@ -5,7 +5,13 @@ from vllm_compat.errors import ConfigError
 
 
 def test_defaults_when_nothing_is_set():
-    assert read_controls({}) == Controls(disabled=False, loader_variant="auto", strict=False)
+    assert read_controls({}) == Controls(disabled=False, strict=False)
+
+
+def test_other_vllm_compat_variables_are_kept_for_their_drift_point():
+    controls = read_controls({"VLLM_COMPAT_LOADER_VARIANT": "Meta_Safe", "OTHER": "x"})
+    assert controls.switches == (("VLLM_COMPAT_LOADER_VARIANT", "Meta_Safe"),)
+    assert controls.switch("VLLM_COMPAT_LOADER_VARIANT") == "Meta_Safe" and controls.switch("VLLM_COMPAT_X", "d") == "d"
 
 
 @pytest.mark.parametrize("value", ["1", "true", "YES", " on "])
@@ -14,8 +20,10 @@ def test_disable_accepts_true_spellings(value):
 
 
 def test_forced_variant_is_read_case_insensitively():
-    controls = read_controls({"VLLM_COMPAT_LOADER_VARIANT": "Meta_Safe"})
-    assert controls.loader_variant == "meta_safe" and controls.is_forced
+    from vllm_compat.patches.diffusers_loader import loader_variant
+
+    assert loader_variant(read_controls({"VLLM_COMPAT_LOADER_VARIANT": "Meta_Safe"})) == "meta_safe"
+    assert loader_variant(read_controls({})) == "auto"
 
 
 @pytest.mark.parametrize(
@@ -27,8 +35,10 @@ def test_forced_variant_is_read_case_insensitively():
     ],
 )
 def test_invalid_value_names_variable_value_and_allowed_values(name, value, allowed):
+    from vllm_compat.patches.diffusers_loader import loader_variant
+
     with pytest.raises(ConfigError) as excinfo:
-        read_controls({name: value})
+        loader_variant(read_controls({name: value}))  # the loader's own switch is read by the loader
     message = str(excinfo.value)
     assert name in message and repr(value) in message and allowed in message
 

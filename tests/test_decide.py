@@ -7,8 +7,13 @@ import pytest
 from vllm_compat.catalogue import entry
 from vllm_compat.config import Controls
 from vllm_compat.decide import Action, decide_entry
-from vllm_compat.detect.model import LoaderKind, LoaderShape, Param, VllmCapabilities
-from vllm_compat.detect.static import detect_static
+from vllm_compat.patches.diffusers_loader.facts import (
+    LoaderKind,
+    LoaderShape,
+    Param,
+    VllmCapabilities,
+    detect_static,
+)
 
 LOADER = entry("diffusers_loader_meta_device")
 
@@ -23,7 +28,9 @@ def env_with(kind, vllm=META_VLLM, omni_methods=()):
 
 
 def decide(env, **controls):
-    return decide_entry(LOADER, env, Controls(**controls))
+    variant = controls.pop("loader_variant", None)
+    switches = (("VLLM_COMPAT_LOADER_VARIANT", variant),) if variant else ()
+    return decide_entry(LOADER, env, Controls(**controls, switches=switches))
 
 
 @pytest.mark.parametrize(

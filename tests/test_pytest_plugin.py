@@ -7,17 +7,20 @@ import pytest
 
 from conftest import VLLM_VERSION
 from vllm_compat.detect.static import detect_static
+from vllm_compat.patches.diffusers_loader.facts import detect_static as detect_loader_facts
 
 pytest_plugins = ["pytester"]
 
 STATIC = detect_static()
+LOADER = detect_loader_facts()  # the loader drift point's facts: the vLLM capabilities the markers ask about
 
 
 def test_plugin_is_loaded_by_its_entry_point_and_prints_the_header(pytester):
     pytester.makepyfile("def test_nothing():\n    pass\n")
     result = pytester.runpytest_subprocess()
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([f"vllm-compat: vllm {VLLM_VERSION or 'absent'} ({STATIC.vllm.level}), vllm-omni *"])
+    result.stdout.fnmatch_lines([f"vllm-compat: vllm {VLLM_VERSION or 'absent'}, vllm-omni * (*vLLM level "
+                                 f"{LOADER.vllm.level}, loader *"])
 
 
 def test_plugin_can_be_disabled(pytester):
@@ -49,11 +52,11 @@ def test_capability_marker_follows_static_detection(pytester, capability):
         """
     )
     result = pytester.runpytest("--strict-markers", "-rs")
-    have = {"vllm": STATIC.vllm.installed, "meta_device": STATIC.vllm.has_uses_meta_device,
-            "layerwise_finalize": STATIC.vllm.has_compatible_finalize}[capability]
+    have = {"vllm": LOADER.vllm.installed, "meta_device": LOADER.vllm.has_uses_meta_device,
+            "layerwise_finalize": LOADER.vllm.has_compatible_finalize}[capability]
     result.assert_outcomes(**{_expect(have): 1})
     if not have:
-        result.stdout.fnmatch_lines([f"*needs vLLM capability {capability!r}; installed vLLM * is at level *"])
+        result.stdout.fnmatch_lines([f"*needs vLLM capability {capability!r}; the installed vLLM * lacks it*"])
 
 
 def test_unknown_capability_is_a_usage_error(pytester):

@@ -11,7 +11,7 @@ are never imported.
 Like the doctor, the check follows each way vllm-omni is started (``entrypoints.ENTRYPOINTS``: the offline API,
 ``vllm serve --omni``, the diffusion stage) through its module-level imports: an entrypoint whose modules do not
 import does not start, even when ``import vllm_omni`` works (vllm-omni 0.24.0 on vLLM 0.25.1: the server's CLI
-reaches ``vllm.entrypoints.serve.disagg``; on 0.29+ a module its diffusion worker imports is gone). The verdict
+reaches a module vLLM 0.25 removed; on 0.29+ a module its diffusion worker imports is gone). The verdict
 names each; it says WORKS only when all of them start.
 
 Exit codes, as the doctor's: 0 it works (natively or with the shim), 1 it will not start (or a target is
@@ -182,14 +182,16 @@ class CheckResult:
 def run(vllm: CheckInput, omni: CheckInput) -> CheckResult:
     """Scan both inputs statically and judge them; see the module docstring."""
     from .config import read_controls
-    from .detect.static import StaticSite
-    from .patches import plan
+    from .decide import plan
+    from .detect.static import SiteFacts, StaticSite
     from .reporting import Report
 
     site = StaticSite(vllm.tree, omni.tree, {"vllm": vllm.version, "vllm-omni": omni.version, "torch": None})
-    decisions = [d for _, _, d in plan(site, read_controls())]
+    planned = plan(site, read_controls())
+    decisions = [d for _, _, d in planned]
+    static = SiteFacts("static", site.versions, {entry.id: facts for entry, facts, _ in planned})
     # A fresh install of vllm_compat puts the startup hook in place, so bridges act before `import vllm_omni`.
-    report = Report(mode="static", static=site.environment, patches=decisions, _import_drift=site.import_drift,
+    report = Report(mode="static", static=static, patches=decisions, _import_drift=site.import_drift,
                     startup_hook=True)
     # Install conflicts from both wheels' Requires-Dist (the index is asked only when an input came from it).
     from .dependency_drift import check_dependency_drift
@@ -210,22 +212,18 @@ def render(result: CheckResult) -> str:
     """The one screen ``vllm-compat check`` prints."""
     from .detect.versions import TESTED_VLLM_RANGE, is_tested_vllm
 
-    report, env = result.report, result.report.static
-    caps, yes = env.vllm, {True: "yes", False: "no"}
+    report, versions = result.report, result.report.static.versions
     tested = {True: "tested", False: "UNTESTED (outside {}-{})".format(*TESTED_VLLM_RANGE),
-              None: ""}[is_tested_vllm(env.vllm_version)]
-    finalize = "no" if not caps.has_layerwise_finalize else "yes" if caps.has_compatible_finalize else "incompatible"
+              None: ""}[is_tested_vllm(versions.get("vllm"))]
     lines = [
-        f"vllm-compat check: vllm {env.vllm_version or '?'} + vllm-omni {env.vllm_omni_version or '?'} "
+        f"vllm-compat check: vllm {versions.get('vllm') or '?'} + vllm-omni {versions.get('vllm-omni') or '?'} "
         "(static: read from the files, nothing installed or imported)",
         "",
-        f"  vllm       {env.vllm_version or 'unknown version':<14} level: {caps.level}  {tested}".rstrip(),
-        f"             uses_meta_device: {yes[caps.has_uses_meta_device]}   layerwise finalize: {finalize}"
-        f"   initialize_online_processing: {yes[caps.has_initialize_online_processing]}",
+        f"  vllm       {versions.get('vllm') or 'unknown version':<14} {tested}".rstrip(),
         f"             from {_where(result.vllm)}",
-        f"  vllm-omni  {env.vllm_omni_version or 'unknown version':<14} loader: {env.loader.kind}"
-        + (f" ({env.loader.detail})" if env.loader.detail else ""),
+        f"  vllm-omni  {versions.get('vllm-omni') or 'unknown version'}",
         f"             from {_where(result.omni)}",
+        *report.fact_lines(),
         "",
     ]
     width = max([len(d.name) for d in report.patches] + [len("drift point")])

@@ -48,8 +48,8 @@ def _scan(args) -> int:
 
     from .detect.import_drift import check_import_drift
     from .detect.source_tree import SourceTree
-    from .detect.static import scan_tree
-    from .reporting import render_import_drift
+    from .detect.static import StaticSite
+    from .reporting import Report, render_import_drift, reported_facts
 
     against = None
     if args.vllm is not None:
@@ -65,27 +65,25 @@ def _scan(args) -> int:
                   file=sys.stderr)
             return 2
         tree = SourceTree(path)
-        env = scan_tree(tree)
+        facts = reported_facts(StaticSite(tree, tree))
         # Import drift of a vllm-omni found here, against the vLLM beside it (or the one given by --vllm).
         drift = check_import_drift(tree, tree if tree.has_package("vllm") or against is None else against)
         drifts.append(drift)
-        results.append({
-            "path": raw,
-            "vllm": {"version": env.vllm_version, "level": env.vllm.level, "capabilities": env.vllm.to_dict()},
-            "vllm_omni": {"version": env.vllm_omni_version, "loader_kind": env.loader.kind,
-                          "loader_detail": env.loader.detail,
-                          "meta_device_methods": list(env.omni_meta_device_methods)},
-            "import_drift": drift.to_dict() if drift is not None else None,
-        })
+        report = Report(mode="static", static=facts, patches=[], _import_drift=None)
+        result = {"path": raw, "vllm": {"version": facts.versions.get("vllm")},
+                  "vllm_omni": {"version": facts.versions.get("vllm-omni")}}
+        for key, fields in report.fact_fields().items():
+            result.setdefault(key, {}).update(fields)
+        result["import_drift"] = drift.to_dict() if drift is not None else None
+        result["_lines"] = report.fact_lines(indent="  ")
+        results.append(result)
+    lines = [r.pop("_lines") for r in results]
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        for r, drift in zip(results, drifts, strict=True):
-            v, o = r["vllm"], r["vllm_omni"]
-            print(f"{r['path']}\n  vllm {v['version'] or '-'}: level {v['level']}\n"
-                  f"  vllm-omni {o['version'] or '-'}: loader {o['loader_kind']}"
-                  + (f" ({o['loader_detail']})" if o['loader_detail'] else ""))
-            for line in render_import_drift(drift, indent="  "):
+        for r, fact_lines, drift in zip(results, lines, drifts, strict=True):
+            print(f"{r['path']}\n  vllm {r['vllm']['version'] or '-'}\n  vllm-omni {r['vllm_omni']['version'] or '-'}")
+            for line in [*fact_lines, *render_import_drift(drift, indent="  ")]:
                 print(line)
     return 0
 

@@ -1,11 +1,12 @@
 """The user's controls, read from the environment each time a decision is made.
 
 ``VLLM_COMPAT_DISABLE=1``        nothing is patched; the report says "disabled".
-``VLLM_COMPAT_LOADER_VARIANT``   auto (default) | legacy | meta_safe; a forced variant also patches a loader
-                                 that is already fixed upstream or of an unknown shape.
 ``VLLM_COMPAT_STRICT=1``         a refused patch raises ``PatchRefusedError`` instead of logging a warning.
 ``VLLM_COMPAT_DISABLE_PATCHES``  comma-separated catalogue ids (``vllm-compat doctor`` lists them) left alone;
                                  an id the catalogue does not have is an error.
+
+Every other ``VLLM_COMPAT_*`` variable is kept as it is (``Controls.switches``) for the drift point it belongs to,
+which reads and validates it (``DriftPoint.check_controls``; the drift-point docs list them).
 
 An invalid value raises ``ConfigError`` naming the variable, the value and the allowed values: a typo in a
 production switch must never be silently ignored.
@@ -20,11 +21,10 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 DISABLE_VAR = "VLLM_COMPAT_DISABLE"
-VARIANT_VAR = "VLLM_COMPAT_LOADER_VARIANT"
 STRICT_VAR = "VLLM_COMPAT_STRICT"
 DISABLE_PATCHES_VAR = "VLLM_COMPAT_DISABLE_PATCHES"
 
-LOADER_VARIANTS = ("auto", "legacy", "meta_safe")
+PREFIX = "VLLM_COMPAT_"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -32,13 +32,14 @@ _FALSE = ("", "0", "false", "no", "off")
 @dataclass(frozen=True)
 class Controls:
     disabled: bool = False
-    loader_variant: str = "auto"
     strict: bool = False
     disabled_patches: frozenset = frozenset()
+    # (name, raw value) of every other VLLM_COMPAT_* variable, sorted: a drift point's own switches
+    switches: tuple = ()
 
-    @property
-    def is_forced(self) -> bool:
-        return self.loader_variant != "auto"
+    def switch(self, name: str, default: str = "") -> str:
+        """The raw value of the drift-point switch ``name``, or ``default`` when it is not set."""
+        return dict(self.switches).get(name, default)
 
 
 def _read_flag(environ: Mapping[str, str], name: str) -> bool:
@@ -60,18 +61,12 @@ def read_controls(environ: Mapping[str, str] | None = None) -> Controls:
     Returns the defaults when nothing is set; raises ``ConfigError`` on any value outside the allowed sets.
     """
     environ = os.environ if environ is None else environ
-    raw_variant = environ.get(VARIANT_VAR, "auto")
-    variant = raw_variant.strip().lower() or "auto"
-    if variant not in LOADER_VARIANTS:
-        raise ConfigError(
-            f"{VARIANT_VAR}={raw_variant!r} is not a loader variant. Allowed values: "
-            f"{', '.join(LOADER_VARIANTS)} (auto lets vllm_compat choose from what the installed vLLM can do)."
-        )
+    own = (DISABLE_VAR, STRICT_VAR, DISABLE_PATCHES_VAR)
     return Controls(
         disabled=_read_flag(environ, DISABLE_VAR),
-        loader_variant=variant,
         strict=_read_flag(environ, STRICT_VAR),
         disabled_patches=_read_patch_ids(environ),
+        switches=tuple(sorted((k, v) for k, v in environ.items() if k.startswith(PREFIX) and k not in own)),
     )
 
 

@@ -37,6 +37,10 @@ this base gives:
 ``report_lines(facts) -> list[str]``            lines doctor and check print under the versions; default: none
 ``report_fields(facts) -> dict``                keys merged into doctor's / check's ``--json``; default: none
 ``header_note(facts) -> str``                   a word for the pytest header beside the versions; default: none
+``capabilities(facts) -> dict[str, bool]``      answers to ``@pytest.mark.vllm_capability(name)`` for the names in
+                                                ``capability_names``; default: none
+``imported_by_doctor``                          whether ``doctor --runtime`` imports the target module (default:
+                                                False; doctor imports vLLM and vllm-omni and reads what is loaded)
 ==============================================  ====================================================================
 
 The docstring of a drift-point module opens with a title line naming the target, then, each as a paragraph
@@ -147,6 +151,9 @@ class DriftPoint:
     Subclasses are defined in the drift-point module itself (the row is found by the class's ``__module__``), so a
     base shared by two entries gets one small subclass in each entry's module."""
 
+    capability_names: tuple[str, ...] = ()
+    imported_by_doctor = False
+
     def __init__(self) -> None:
         self._entry = None
 
@@ -160,21 +167,10 @@ class DriftPoint:
             self._entry = entry_for_module(type(self).__module__)
         return self._entry
 
-    @property
-    def id(self) -> str:
-        return self.entry.id
-
-    @property
-    def target_module(self) -> str:
-        return self.entry.target_module
-
-    @property
-    def target(self) -> str:
-        return self.entry.target
-
-    @property
-    def target_path(self) -> str:
-        return self.entry.target_path
+    id = property(lambda self: self.entry.id, doc="the catalogue id")
+    target_module = property(lambda self: self.entry.target_module, doc="the module whose import triggers it")
+    target = property(lambda self: self.entry.target, doc="the attribute of target_module it acts on")
+    target_path = property(lambda self: self.entry.target_path, doc="target_module.target")
 
     def decision(self, action: str, reason: str, variant: str | None = None, provides: tuple[str, ...] = ()):
         return self.entry.decision(action, reason, variant, provides)
@@ -241,3 +237,6 @@ class DriftPoint:
 
     def header_note(self, facts) -> str:
         return ""
+
+    def capabilities(self, facts) -> dict:
+        return {}

@@ -1,7 +1,8 @@
 """pytest plugin (entry point ``pytest11``): a report-header line and capability/version markers.
 
-    @pytest.mark.vllm_capability("meta_device")      skip unless vLLM can create meta params
-    @pytest.mark.vllm_capability("layerwise_finalize")
+    @pytest.mark.vllm_capability("vllm")             skip unless vLLM is installed
+    @pytest.mark.vllm_capability(name)               skip unless a drift point answers yes for ``name`` (the marker's
+                                                     help lists them; each is ``DriftPoint.capabilities``)
     @pytest.mark.vllm_version(">=0.19")              skip unless the installed vLLM matches the specifier
 
 Detection is static (files only), so the header costs milliseconds and imports no vLLM.
@@ -11,16 +12,27 @@ from __future__ import annotations
 
 import pytest
 
-CAPABILITIES = {
-    "meta_device": lambda caps: caps.has_uses_meta_device,
-    "layerwise_finalize": lambda caps: caps.has_compatible_finalize,
-    "vllm": lambda caps: caps.installed,
-}
+
+def capability_names() -> list[str]:
+    from .catalogue import CATALOGUE
+
+    return ["vllm", *(name for entry in CATALOGUE for name in entry.point.capability_names)]
+
+
+def capabilities(facts) -> dict:
+    """Every capability's answer from one static detection (``detect.static.SiteFacts``)."""
+    from .catalogue import CATALOGUE
+
+    found = {"vllm": facts.versions.get("vllm") is not None}
+    for entry in CATALOGUE:
+        if entry.id in facts.facts:
+            found.update(entry.point.capabilities(facts.facts[entry.id]))
+    return found
 
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "vllm_capability(name): skip unless the installed vLLM has the capability "
-                            f"({', '.join(CAPABILITIES)})")
+                            f"({', '.join(capability_names())})")
     config.addinivalue_line("markers", "vllm_version(spec): skip unless the installed vLLM version matches spec")
 
 
@@ -40,17 +52,19 @@ def pytest_runtest_setup(item) -> None:
     version_marks = list(item.iter_markers("vllm_version"))
     if not capability_marks and not version_marks:
         return
-    env = detect_static()
-    for mark in capability_marks:
-        name = mark.args[0]
-        if name not in CAPABILITIES:
-            raise pytest.UsageError(f"unknown vllm_capability {name!r}; known: {', '.join(CAPABILITIES)}")
-        if not CAPABILITIES[name](env.vllm):
-            pytest.skip(f"needs vLLM capability {name!r}; installed vLLM {env.vllm_version or 'absent'} "
-                        f"is at level {env.vllm.level}")
+    facts = detect_static()
+    version = facts.versions.get("vllm")
+    if capability_marks:
+        answers = capabilities(facts)
+        for mark in capability_marks:
+            name = mark.args[0]
+            if name not in answers:
+                raise pytest.UsageError(f"unknown vllm_capability {name!r}; known: {', '.join(answers)}")
+            if not answers[name]:
+                pytest.skip(f"needs vLLM capability {name!r}; the installed vLLM {version or 'absent'} lacks it")
     for mark in version_marks:
         from packaging.specifiers import SpecifierSet
 
         spec = SpecifierSet(mark.args[0])
-        if env.vllm_version is None or not spec.contains(env.vllm_version, prereleases=True):
-            pytest.skip(f"needs vLLM {spec}; installed: {env.vllm_version or 'absent'}")
+        if version is None or not spec.contains(version, prereleases=True):
+            pytest.skip(f"needs vLLM {spec}; installed: {version or 'absent'}")

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .detect.model import Environment, render_params
+from .detect.static import SiteFacts
 from .detect.versions import TESTED_VLLM_RANGE, is_tested_vllm
 
 
 @dataclass
 class Report:
     mode: str  # "static" (files only) or "runtime" (imported and applied)
-    static: Environment
+    static: SiteFacts  # versions and every entry's static facts (``detect.static.detect_static``)
     patches: list  # Decisions
-    runtime: Environment | None = None
+    runtime: SiteFacts | None = None  # the same from the imported modules (entries whose target is imported)
     runtime_error: str | None = None
     mismatches: list[str] = field(default_factory=list)
     # Static import-drift check of vllm-omni against vLLM (detect.import_drift), as found (bridges not applied):
@@ -57,8 +57,15 @@ class Report:
         return self.import_drift is not None and not self.import_drift.import_ok
 
     @property
-    def environment(self) -> Environment:
+    def environment(self) -> SiteFacts:
         return self.runtime or self.static
+
+    def _entry_facts(self):
+        """``(drift point, facts)`` of every catalogue entry this report has facts for (runtime facts first)."""
+        from .catalogue import CATALOGUE
+
+        found = {**self.static.facts, **(self.runtime.facts if self.runtime is not None else {})}
+        return [(entry.point, found[entry.id]) for entry in CATALOGUE if entry.id in found]
 
     @property
     def exit_code(self) -> int:
@@ -67,23 +74,12 @@ class Report:
         return self.verdict().exit_code
 
     def to_dict(self) -> dict:
-        env = self.environment
+        versions = self.environment.versions
         data = {
             "mode": self.mode,
-            "vllm": {
-                "version": env.vllm_version,
-                "level": env.vllm.level,
-                "tested": is_tested_vllm(env.vllm_version),
-                "capabilities": env.vllm.to_dict(),
-            },
-            "vllm_omni": {
-                "version": env.vllm_omni_version,
-                "loader_kind": env.loader.kind,
-                "loader_detail": env.loader.detail,
-                "meta_device_methods": list(env.omni_meta_device_methods),
-                "quant_import_failures": list(env.omni_quant_import_failures),
-            },
-            "torch": {"version": env.torch_version},
+            "vllm": {"version": versions.get("vllm"), "tested": is_tested_vllm(versions.get("vllm"))},
+            "vllm_omni": {"version": versions.get("vllm-omni")},
+            "torch": {"version": versions.get("torch")},
             "patches": [d.to_dict() for d in self.patches],
             "catalogue": _catalogue_rows(),
             "import_drift": self.import_drift.to_dict() if self.import_drift is not None else None,
@@ -93,45 +89,43 @@ class Report:
             "verdict": {"kind": self.verdict().kind, "text": self.verdict().text},
             "exit_code": self.exit_code,
         }
+        for key, fields in self.fact_fields().items():
+            data.setdefault(key, {}).update(fields)
         return data
 
+    def fact_fields(self) -> dict:
+        """What each drift point adds of its facts to ``--json`` (``DriftPoint.report_fields``), merged by key."""
+        merged: dict = {}
+        for point, facts in self._entry_facts():
+            for key, fields in point.report_fields(facts).items():
+                merged.setdefault(key, {}).update(fields)
+        return merged
+
     def header_line(self) -> str:
-        env = self.environment
+        versions = self.environment.versions
+        notes = "; ".join(n for n in (point.header_note(facts) for point, facts in self._entry_facts()) if n)
         patches = ", ".join(f"{d.name}={d.action}" + (f"/{d.variant}" if d.variant else "") for d in self.patches)
-        return (
-            f"vllm-compat: vllm {env.vllm_version or 'absent'} ({env.vllm.level}), "
-            f"vllm-omni {env.vllm_omni_version or 'absent'} (loader {env.loader.kind}); {patches}"
-        )
+        return (f"vllm-compat: vllm {versions.get('vllm') or 'absent'}, vllm-omni {versions.get('vllm-omni') or 'absent'}"
+                f"{f' ({notes})' if notes else ''}; {patches}")
+
+    def fact_lines(self, indent: str = "             ") -> list[str]:
+        """What each drift point shows of its facts (``DriftPoint.report_lines``), indented under the versions."""
+        return [f"{indent}{line}" for point, facts in self._entry_facts() for line in point.report_lines(facts)]
 
     def render_table(self) -> str:
-        env = self.environment
-        caps = env.vllm
-        yes = {True: "yes", False: "no"}
-        tested = is_tested_vllm(env.vllm_version)
+        versions = self.environment.versions
+        tested = is_tested_vllm(versions.get("vllm"))
         tested_note = {True: "tested", False: "UNTESTED (outside {}-{})".format(*TESTED_VLLM_RANGE), None: ""}[tested]
-        finalize = "no"
-        if caps.has_layerwise_finalize:
-            finalize = f"yes {render_params(caps.finalize_params)}" + (
-                "" if caps.has_compatible_finalize else " INCOMPATIBLE: does not accept (model, model_config=None)")
         how = "read from files, nothing imported" if self.mode == "static" else "imported and applied live"
         lines = [
             f"vllm-compat doctor ({self.mode}: {how})",
             "",
-            f"  vllm       {env.vllm_version or ('unknown version' if caps.installed else 'not installed'):<14} level: {caps.level}  {tested_note}".rstrip(),
+            f"  vllm       {versions.get('vllm') or 'not installed':<14} {tested_note}".rstrip(),
+            f"  vllm-omni  {versions.get('vllm-omni') or 'not installed'}",
         ]
-        if caps.installed:
-            lines.append(
-                f"             uses_meta_device: {yes[caps.has_uses_meta_device]}   layerwise finalize: {finalize}"
-                f"   initialize_online_processing: {yes[caps.has_initialize_online_processing]}"
-            )
-        omni_present = env.loader.kind != "absent"
-        lines.append(f"  vllm-omni  {env.vllm_omni_version or ('unknown version' if omni_present else 'not installed'):<14} loader: {env.loader.kind}"
-                     + (f" ({env.loader.detail})" if env.loader.detail else ""))
-        if env.omni_meta_device_methods:
-            names = ", ".join(m.rsplit(":", 1)[-1] for m in env.omni_meta_device_methods)
-            lines.append(f"             own meta-device quant methods: {names}")
+        lines += self.fact_lines()
         lines += render_import_drift(self.import_drift)
-        lines.append(f"  torch      {env.torch_version or 'not installed'}")
+        lines.append(f"  torch      {versions.get('torch') or 'not installed'}")
         lines.append("")
         width = max([len(d.name) for d in self.patches] + [5])
         variant_width = max([len(d.variant or "-") for d in self.patches] + [7])
@@ -271,42 +265,66 @@ def build_report(runtime: bool = False) -> Report:
     """Detect statically; with ``runtime`` also import, apply and compare, entry by entry. Decisions already made
     in this process are reported as they are; otherwise the static decision is what the hooks will do."""
     from .activate import apply, current_decisions
-    from .dependency_drift import installed_dependency_drift
     from .config import read_controls
-    from .detect.static import StaticSite
     from .decide import plan
+    from .dependency_drift import installed_dependency_drift
+    from .detect.static import SiteFacts, StaticSite
 
     site = StaticSite.installed()
     planned = plan(site, read_controls())
+    static = SiteFacts("static", site.versions, {entry.id: facts for entry, facts, _ in planned})
     static_decisions = [decision for _, _, decision in planned]
     if not runtime:
         recorded = {d.name: d for d in current_decisions() if d.action != "pending"}
         patches = [recorded.get(d.name, d) for d in static_decisions]
-        return Report(_dependency_drift=installed_dependency_drift, mode="static", static=site.environment, patches=patches,
-                      _import_drift=site.installed_import_drift)
-
-    from .detect.runtime import detect_runtime
+        return Report(_dependency_drift=installed_dependency_drift, mode="static", static=static, patches=patches, _import_drift=site.installed_import_drift)
 
     try:
-        live = detect_runtime()
+        live = detect_runtime(planned)
     except Exception as exc:  # noqa: BLE001 - the point is to show the user what breaks a worker
-        return Report(_dependency_drift=installed_dependency_drift, mode="runtime", static=site.environment, patches=static_decisions,
+        return Report(_dependency_drift=installed_dependency_drift, mode="runtime", static=static, patches=static_decisions,
                       runtime_error=f"importing vLLM / vllm-omni failed: {type(exc).__name__}: {exc}")
-    return Report(_dependency_drift=installed_dependency_drift, mode="runtime", static=site.environment, runtime=live, patches=apply(),
-                  mismatches=_runtime_mismatches(planned))
+    return Report(_dependency_drift=installed_dependency_drift, mode="runtime", static=static, runtime=live, patches=apply(),
+                  mismatches=_runtime_mismatches(planned, live))
 
 
-def _runtime_mismatches(planned) -> list[str]:
-    """Every entry whose target is imported: its static facts against the live ones."""
+def reported_facts(site) -> SiteFacts:
+    """The static facts of the drift points that show any (``report_lines`` / ``report_fields``), for
+    ``vllm-compat scan``: the others are not detected."""
+    from .catalogue import CATALOGUE
+    from .drift import DriftPoint
+
+    shown = [e for e in CATALOGUE if type(e.point).report_fields is not DriftPoint.report_fields
+             or type(e.point).report_lines is not DriftPoint.report_lines]
+    return SiteFacts("static", site.versions, {e.id: site.facts(e.id, e.point.detect_static) for e in shown})
+
+
+def detect_runtime(planned) -> SiteFacts:
+    """The runtime pass: vLLM and vllm-omni imported, with the target of every drift point that asks for it
+    (``DriftPoint.imported_by_doctor``), then each imported target's runtime facts. Hooks fire on the way, as in
+    a worker."""
     import sys
 
+    from .detect.runtime import import_optional
+    from .detect.versions import installed_version
+
+    for package in ("vllm", "vllm_omni"):
+        import_optional(package)
+    for entry, _, _ in planned:
+        if entry.point.imported_by_doctor:
+            import_optional(entry.target_module)
+    facts = {entry.id: entry.point.detect_runtime(sys.modules[entry.target_module])
+             for entry, _, _ in planned if sys.modules.get(entry.target_module) is not None}
+    versions = {d: installed_version(d) for d in ("vllm", "vllm-omni", "torch")}
+    return SiteFacts("runtime", versions, facts)
+
+
+def _runtime_mismatches(planned, live: SiteFacts) -> list[str]:
+    """Every entry whose target is imported: its static facts against the live ones."""
     mismatches = []
     for entry, static_facts, _ in planned:
-        module = sys.modules.get(entry.target_module)
-        if module is None:
-            continue
-        point = entry.point
-        mismatches += [f"{entry.id}: {m}" for m in point.compare(static_facts, point.detect_runtime(module))]
+        if entry.id in live.facts:
+            mismatches += [f"{entry.id}: {m}" for m in entry.point.compare(static_facts, live.facts[entry.id])]
     return mismatches
 
 

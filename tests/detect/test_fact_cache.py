@@ -18,7 +18,7 @@ def test_warm_doctor_reads_every_fact_back_and_reports_the_same(tmp_path, monkey
     """A second report on the same installed files parses nothing (no entry's detect_static, no scan, no import
     drift) and equals the first; a corrupted cache file is ignored and rewritten."""
     from vllm_compat.catalogue import CATALOGUE, drift_point
-    from vllm_compat.detect import import_drift, static
+    from vllm_compat.detect import import_drift
     from vllm_compat.reporting import build_report
 
     monkeypatch.setenv("VLLM_COMPAT_CACHE_DIR", str(tmp_path))
@@ -33,7 +33,6 @@ def test_warm_doctor_reads_every_fact_back_and_reports_the_same(tmp_path, monkey
 
     for entry in CATALOGUE:
         monkeypatch.setattr(drift_point(entry), "detect_static", not_again)
-    monkeypatch.setattr(static, "scan_tree", not_again)
     monkeypatch.setattr(import_drift, "detect_import_drift", not_again)
     assert build_report().to_dict() == fresh
 

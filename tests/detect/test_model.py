@@ -6,13 +6,16 @@ import pytest
 from packaging.version import Version
 
 from conftest import OMNI_VERSION, needs_omni
-from vllm_compat.detect.model import LoaderKind, Param, VllmCapabilities, VllmLevel, classify_loader_source
-from vllm_compat.detect.static import (
+from vllm_compat.detect.static import SourceTree, installed_package_root
+from vllm_compat.patches.diffusers_loader.facts import (
     LOADER_CLASS,
     LOADER_METHOD,
     OMNI_LOADER_FILE,
-    SourceTree,
-    installed_package_root,
+    LoaderKind,
+    Param,
+    VllmCapabilities,
+    VllmLevel,
+    classify_loader_source,
 )
 
 UNGATED = '''

@@ -3,9 +3,7 @@
 import pytest
 
 from conftest import needs_vllm, omni_importable_or_absent
-from vllm_compat.detect.model import compare_environments
-from vllm_compat.detect.runtime import detect_runtime
-from vllm_compat.detect.static import detect_static
+from vllm_compat.patches.diffusers_loader.facts import compare_environments, detect_runtime, detect_static
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +31,7 @@ def test_static_detection_imports_nothing_it_scans():
     from conftest import run_python
 
     result = run_python(
-        "import sys; from vllm_compat.detect.static import detect_static; env = detect_static(); "
+        "import sys; from vllm_compat.patches.diffusers_loader.facts import detect_static; env = detect_static(); "
         "print(sorted(m for m in ('torch', 'vllm', 'vllm_omni') if m in sys.modules), env.vllm.level)"
     )
     assert result.returncode == 0, result.stderr
@@ -59,9 +57,10 @@ def test_finalize_params_static_and_live_agree_with_kinds_and_defaults(source):
     file and from the live function, so doctor can say what an incompatible finalize looks like."""
     import ast
 
-    from vllm_compat.detect.model import VllmCapabilities, accepts_call, render_params
+    from vllm_compat.detect.model import accepts_call, render_params
     from vllm_compat.detect.runtime import live_params
     from vllm_compat.detect.static import function_params
+    from vllm_compat.patches.diffusers_loader.facts import VllmCapabilities
 
     namespace = {}
     exec(source, namespace)  # noqa: S102 - the test's own one-line function
@@ -80,8 +79,8 @@ def test_finalize_params_static_and_live_agree_with_kinds_and_defaults(source):
 def test_doctor_shows_an_incompatible_finalize_plainly():
     import ast
 
-    from vllm_compat.detect.model import Environment, LoaderShape, VllmCapabilities
-    from vllm_compat.detect.static import function_params
+    from vllm_compat.detect.static import SiteFacts, function_params
+    from vllm_compat.patches.diffusers_loader.facts import Environment, LoaderShape, VllmCapabilities
     from vllm_compat.reporting import Report
 
     params = function_params(ast.parse("def f(model, *, strict, dtype): ...").body[0])
@@ -89,6 +88,7 @@ def test_doctor_shows_an_incompatible_finalize_plainly():
                             finalize_params=params)
     env = Environment(source="static", vllm_version="9.9.9", vllm_omni_version=None, torch_version=None,
                       vllm=caps, loader=LoaderShape("absent", "vllm-omni is not installed"))
+    env = SiteFacts("static", {"vllm": "9.9.9"}, {"diffusers_loader_meta_device": env})
     table = Report(mode="static", static=env, patches=[], _import_drift=None).render_table()
     assert "layerwise finalize: yes (model, *, strict, dtype) INCOMPATIBLE: does not accept (model, " \
            "model_config=None)" in table

@@ -34,7 +34,7 @@ def _installed_loader_file() -> Path | None:
 
 def reference_source(kind: str = "gated") -> tuple[str, str] | tuple[None, str]:
     """``(source of the in-tree method of shape ``kind``, where it came from)``, or ``(None, why not)``."""
-    from vllm_compat.detect.model import classify_loader_source
+    from vllm_compat.patches.diffusers_loader.facts import classify_loader_source
 
     candidates = []
     installed = _installed_loader_file()

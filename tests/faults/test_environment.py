@@ -242,7 +242,7 @@ for name in {list(SHAPES)!r}:
         row["strict"] = "no error"
     except PatchRefusedError as exc:
         row["strict"] = "PatchRefusedError"
-    d = patch_loader_module(module, Controls(loader_variant="meta_safe"))
+    d = patch_loader_module(module, Controls(switches=(("VLLM_COMPAT_LOADER_VARIANT", "meta_safe"),)))
     row["forced"] = d.action
     if d.action == "patched":
         owner = next(k for k in cls.__mro__ if "_process_weights_after_loading" in vars(k))  # inherited: the base
@@ -330,7 +330,8 @@ print("RESULT" + json.dumps(out))
 
 
 def _vllm_tree(tmp_path: Path, edit_layerwise) -> Path:
-    from vllm_compat.detect.static import BASE_CONFIG_FILE, LAYERWISE_FILE, installed_package_root
+    from vllm_compat.detect.static import installed_package_root
+    from vllm_compat.patches.diffusers_loader.facts import BASE_CONFIG_FILE, LAYERWISE_FILE
 
     real = installed_package_root("vllm")
     root = tmp_path / "tree"
@@ -355,9 +356,9 @@ FINALIZE_EDITS = {
 @pytest.mark.parametrize("fault", list(FINALIZE_EDITS))
 def test_uses_meta_device_without_a_compatible_finalize_static(tmp_path, fault):
     from vllm_compat.config import Controls
-    from vllm_compat.detect.model import LoaderKind, LoaderShape
-    from vllm_compat.detect.static import SourceTree, scan_tree
+    from vllm_compat.detect.static import SourceTree
     from vllm_compat.patches.diffusers_loader import DRIFT_POINT
+    from vllm_compat.patches.diffusers_loader.facts import LoaderKind, LoaderShape, scan_tree
 
     decide = DRIFT_POINT.decide
 
@@ -381,8 +382,8 @@ def test_uses_meta_device_without_a_compatible_finalize_runtime(monkeypatch, fau
     resolved, and meta_safe processes stragglers where they are (meta, with a warning) instead of crashing."""
     import vllm.model_executor.model_loader.reload.layerwise as layerwise
 
-    from vllm_compat.detect.runtime import probe_vllm
     from vllm_compat.patches.diffusers_loader import process_meta_safe, resolve_deps
+    from vllm_compat.patches.diffusers_loader.facts import probe_vllm
 
     if fault == "finalize_missing":
         monkeypatch.delattr(layerwise, "finalize_layerwise_processing")

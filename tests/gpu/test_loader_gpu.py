@@ -95,7 +95,7 @@ def test_hsdp_ungated_fails_and_shim_variants_match_in_tree(tmp_path):
     reason="vllm-omni 0.24.0's diffusers_loader.py is not unpacked (gpu/device_env.sh does that)",
 )
 def test_bench_smoke_same_results_and_memory(tmp_path):
-    from vllm_compat.detect.static import detect_static
+    from vllm_compat.patches.diffusers_loader.facts import detect_static
 
     loader_kind = detect_static().loader.kind
     if loader_kind != "gated":

@@ -16,9 +16,14 @@ from vllm_compat.drift import DriftPoint
 from vllm_compat.bridges._module_stand_in import ModuleStandIn
 
 PACKAGE = Path(vllm_compat.__file__).parent
-# Layers that must never name a target: they iterate the catalogue.
+# Layers that must never name a target nor a target's facts: they iterate the catalogue, or describe what every
+# drift point reads (detect/).
 GENERIC_MODULES = ("activate.py", "reporting.py", "cli.py", "config.py", "decide.py", "hooks.py", "drift.py",
-                   "pytest_plugin.py", "__init__.py", "check.py", "patches/__init__.py", "patches/_method.py")
+                   "pytest_plugin.py", "__init__.py", "check.py", "patches/__init__.py", "patches/_method.py",
+                   *sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "detect").glob("*.py")))
+# The loader drift point's facts, its variants and its switch: its package's alone.
+LOADER_FACTS = ("uses_meta_device", "finalize", "DiffusersPipelineLoader", "meta_safe", "legacy", "diffusers_loader",
+                "LOADER_VARIANT", "loader_variant", "meta_device")
 DRIFT_POINT_PACKAGES = ("vllm_compat.patches", "vllm_compat.bridges")
 
 
@@ -71,7 +76,10 @@ def test_drift_point_modules_do_not_import_the_catalogue(entry):
 
 @pytest.mark.parametrize("entry", CATALOGUE, ids=[e.id for e in CATALOGUE])
 def test_no_generic_module_names_a_target(entry):
-    needles = {entry.target_module, entry.target, entry.target.rsplit(".", 1)[-1], entry.module.rsplit(".", 1)[-1]}
+    # The full path always; the attribute and the module's name where they are distinctive (a module stand-in's
+    # target is a plain word such as "metadata", which generic code may well say).
+    distinctive = [entry.target, entry.target.rsplit(".", 1)[-1], entry.module.rsplit(".", 1)[-1]]
+    needles = {entry.target_path, *(n for n in distinctive if "_" in n.strip("_") or n[:1].isupper())}
     if isinstance(drift_point(entry), ModuleStandIn):  # a removed submodule ("metadata"): its path is its name
         needles = {entry.target_module, entry.target_path, entry.module.rsplit(".", 1)[-1]}
     for relpath in GENERIC_MODULES:
@@ -81,6 +89,13 @@ def test_no_generic_module_names_a_target(entry):
         text = path.read_text()
         named = sorted(needle for needle in needles if needle in text)
         assert named == [], f"vllm_compat/{relpath} names {named}, the target of {entry.id}"
+
+
+def test_no_generic_module_names_the_loaders_facts():
+    for relpath in GENERIC_MODULES:
+        text = (PACKAGE / relpath).read_text()
+        named = sorted(fact for fact in LOADER_FACTS if fact.lower() in text.lower())
+        assert named == [], f"vllm_compat/{relpath} names {named}, facts of the loader drift point"
 
 
 def test_drift_point_modules_import_neither_torch_nor_vllm(tmp_path):

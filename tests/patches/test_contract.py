@@ -4,8 +4,9 @@ Each target module is imported for real (the startup hook's hooks install what t
 not import here (a name no bridge provides, a package the cell lacks) the row is skipped with the error. Per row:
 static facts (files) equal the runtime facts (imported module); the decision from either is the same; a second
 install is a no-op; nothing of ours sits on the owner unless the decision is "patched"; a stand-in refuses to
-provide a name the owner already defines (vLLM's own, here a stand-in object in vLLM's place); ``revert()`` puts
-back exactly the objects that were there before, and ``apply()`` after it installs the same thing again.
+provide a name the owner already defines (vLLM's own, here a stand-in object in vLLM's place; name stand-ins);
+``revert()`` takes off exactly what is ours, and ``apply()`` after it installs the same thing again (the same
+object, or around the same original; a stand-in module may be a new module object of the same entry).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from vllm_compat.catalogue import CATALOGUE
 from vllm_compat.config import read_controls
 from vllm_compat.decide import decide_entry
 from vllm_compat.detect.static import StaticSite
-from vllm_compat.drift import is_ours, unwrap
+from vllm_compat.drift import MARK, is_ours, unwrap
+from vllm_compat.bridges._name_stand_in import NameStandIn
 from vllm_compat.errors import PatchRefusedError
 
 site = StaticSite.installed()
@@ -49,7 +51,7 @@ for entry in CATALOGUE:
     row["ours_in_place"] = owner is not None and point.is_installed(owner)
     if decision.action == "patched" and owner is not None:
         row["second_install"] = point.install(owner, decision, point.prepare(owner, runtime))
-    if owner is not None and hasattr(point, "build") and isinstance(owner, types.ModuleType):
+    if owner is not None and isinstance(point, NameStandIn) and isinstance(owner, types.ModuleType):
         name = getattr(point, "name", entry.target)
         fake = types.ModuleType(entry.target_module)
         own = type(name, (), {})  # the owner's own object where vLLM defines the name
@@ -59,6 +61,13 @@ for entry in CATALOGUE:
             row["refuses_over_own"] = False
         except PatchRefusedError:
             row["refuses_over_own"] = getattr(fake, name) is own
+def same_install(old, new):
+    # the same entry's install again: around the same original, or (a stand-in module) a new module object
+    if not (is_ours(old) and is_ours(new)) or getattr(old, MARK) != getattr(new, MARK):
+        return False
+    return unwrap(old) is unwrap(new) or isinstance(old, types.ModuleType)
+
+
 snapshots = {}
 for entry in CATALOGUE:
     module = sys.modules.get(entry.target_module)
@@ -77,9 +86,10 @@ for entry_id, (owner, before) in snapshots.items():
         k for k, v in before.items() if is_ours(v, entry_id)
         and after_revert.get(k, None) is not (unwrap(v, entry_id) if hasattr(v, "__wrapped__") else None))
     now = dict(vars(owner))
+    # what is not ours is the very same object; what is ours is this entry's again (a wrapper around the same)
     out[entry_id]["reapplied_other"] = sorted(
         k for k in set(before) | set(now) if not k.startswith("__") and before.get(k) is not now.get(k)
-        and not (is_ours(before.get(k)) and is_ours(now.get(k)) and unwrap(before.get(k)) is unwrap(now.get(k))))
+        and not same_install(before.get(k), now.get(k)))
 vllm_compat.revert()
 print("RESULT" + json.dumps(out))
 """

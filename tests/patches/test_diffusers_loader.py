@@ -25,7 +25,7 @@ def oq():
 
 @pytest.fixture(scope="module")
 def loader_module():
-    from vllm_compat.detect.runtime import LOADER_MODULE
+    from vllm_compat.patches.diffusers_loader.facts import LOADER_MODULE
 
     try:
         return importlib.import_module(LOADER_MODULE)
@@ -36,7 +36,7 @@ def loader_module():
 @pytest.fixture(scope="module")
 def shapes(loader_module):
     """(loader class, the unpatched original function, its shape)."""
-    from vllm_compat.detect.runtime import classify_loader_class, original_loader_function
+    from vllm_compat.patches.diffusers_loader.facts import classify_loader_class, original_loader_function
 
     cls = loader_module.DiffusersPipelineLoader
     return cls, original_loader_function(cls), classify_loader_class(cls).kind
@@ -213,7 +213,7 @@ def _assert_upstream_finalize_contract(monkeypatch, process) -> None:
     again nor moved. ``process(model, target_device)`` runs the method under test."""
     from unittest import mock
 
-    from vllm_compat.detect.model import FINALIZE_MODULE, FINALIZE_NAME
+    from vllm_compat.patches.diffusers_loader.facts import FINALIZE_MODULE, FINALIZE_NAME
 
     layerwise = pytest.importorskip(FINALIZE_MODULE, reason="this vLLM has no layerwise module (< 0.16)")
     model, layer = _completed_online_layer_model()

@@ -82,8 +82,8 @@ def _ranks(runs, scenario):
 def test_installed_vllm_omni_shape_is_detected_the_same_statically_and_live(order_shape):
     import importlib
 
-    from vllm_compat.detect.runtime import LOADER_MODULE
     from vllm_compat.patches import hsdp_load_order
+    from vllm_compat.patches.diffusers_loader.facts import LOADER_MODULE
 
     live = hsdp_load_order.DRIFT_POINT.detect_runtime(importlib.import_module(LOADER_MODULE))
     assert hsdp_load_order.DRIFT_POINT.compare(order_shape, live) == []

@@ -128,16 +128,16 @@ def decide_stand_in(patch_entry, facts: StandInFacts, provided: str, removed_in:
     patched otherwise. ``removed_in`` names the vLLM release that removed it, for the reason."""
     from ..decide import Action
 
-    if facts.host == HostKind.ABSENT:
-        return patch_entry.decision(Action.PENDING, "vLLM is not installed; decided when it is imported")
-    if facts.host == HostKind.UNKNOWN:
-        return patch_entry.decision(Action.PENDING, f"{patch_entry.target_module}'s files cannot tell whether it "
-                                    f"has {provided}; decided when it is imported")
-    if facts.host == HostKind.DEFINES:
-        return patch_entry.decision(Action.SKIPPED, f"vLLM has {provided}; its own is used")
-    if facts.host == HostKind.NO_MODULE:
-        return patch_entry.decision(Action.SKIPPED, f"this vLLM has no {patch_entry.target_module} at all; a "
-                                    f"stand-in for {provided} cannot help")
+    by_host = {
+        HostKind.ABSENT: (Action.PENDING, "vLLM is not installed; decided when it is imported"),
+        HostKind.UNKNOWN: (Action.PENDING, f"{patch_entry.target_module}'s files cannot tell whether it has "
+                                           f"{provided}; decided when it is imported"),
+        HostKind.DEFINES: (Action.SKIPPED, f"vLLM has {provided}; its own is used"),
+        HostKind.NO_MODULE: (Action.SKIPPED, f"this vLLM has no {patch_entry.target_module} at all; a stand-in for "
+                                             f"{provided} cannot help"),
+    }
+    if facts.host in by_host:
+        return patch_entry.decision(*by_host[facts.host])
     if not facts.importers:
         return patch_entry.decision(Action.SKIPPED, f"vLLM lacks {provided}, but no installed vllm-omni imports it")
     return patch_entry.decision(Action.PATCHED, f"vLLM lacks {provided} (removed in {removed_in}), and vllm-omni "

@@ -119,9 +119,9 @@ class ModuleStandIn(NameStandIn):
     def host_in_module(self, module) -> str:
         """The imported parent's answer: vLLM lacks the module where neither ``sys.modules``, the parent nor a file
         of the parent package has it (ours does not count)."""
-        current = sys.modules.get(self.first_missing) or vars(module).get(self.target)
-        if current is not None:
-            return HostKind.LACKS if is_ours(current, self.id) else HostKind.DEFINES
+        found = [m for m in (sys.modules.get(self.first_missing), vars(module).get(self.target)) if m is not None]
+        if found:  # either one that is not ours is vLLM's
+            return HostKind.LACKS if all(is_ours(m, self.id) for m in found) else HostKind.DEFINES
         path = getattr(module, "__path__", None)
         if path is None:
             return HostKind.LACKS

@@ -1,10 +1,7 @@
-"""Detection: what the installed vLLM, vllm-omni and torch are and can do.
+"""Detection: generic facts about the installed (or given) vLLM and vllm-omni, never a drift point's own.
 
-``static`` reads source files and distribution metadata without importing anything; ``runtime`` asks the
-imported modules. Both produce the same ``VllmCapabilities`` and ``LoaderShape`` records (``model``), so a
-test can hold them equal.
+``source_tree`` reads files of installed packages, unpacked trees and wheels; ``static`` holds the sites drift
+points read their static facts from; ``runtime`` the helpers they use to ask the imported modules the same;
+``model`` the records both share (a function's parameters); ``import_drift`` and its helpers check vllm-omni's
+imports against vLLM; ``versions`` and ``wheels`` read and fetch distributions.
 """
-
-from .model import LoaderKind, LoaderShape, VllmCapabilities, classify_loader_source
-
-__all__ = ["LoaderKind", "LoaderShape", "VllmCapabilities", "classify_loader_source"]

@@ -2,9 +2,9 @@
 which ways of starting the plugin it stops.
 
 A plugin such as vllm-omni imports dozens of vLLM internals at module level. When vLLM drops or moves one, the
-plugin fails at import time (vllm-omni 0.24.0 and 0.30.0 on vLLM 0.31+: ``vllm.v1.outputs.RoutedExpertsLists`` is
-gone, and ``vllm_omni/__init__`` reaches it; vllm-omni 0.24.0 on vLLM 0.25.1: ``vllm serve --omni`` reaches
-``vllm.entrypoints.serve.disagg``). This module joins three readers, each of one job, and reads source only:
+plugin fails at import time (vllm-omni 0.24.0 and 0.30.0 on vLLM 0.31+: a NamedTuple of ``vllm.v1`` is gone, and
+``vllm_omni/__init__`` reaches it; vllm-omni 0.24.0 on vLLM 0.25.1: ``vllm serve --omni`` reaches a
+module vLLM 0.25 removed). This module joins three readers, each of one job, and reads source only:
 
 * ``source_scan``: where each import of a file runs (module level, guarded, function, TYPE_CHECKING), and what a
   module binds;
@@ -38,8 +38,8 @@ class UnresolvedImport:
 
     importer: str  # plugin module, e.g. "vllm_omni.core.sched.utils"
     line: int
-    module: str  # "vllm.v1.outputs"
-    name: str | None  # "RoutedExpertsLists"; None for ``import vllm.x`` or a module that is missing
+    module: str  # "vllm.v1.x"
+    name: str | None  # "Name"; None for ``import vllm.x`` or a module that is missing
     reason: str  # "name not defined" | "module not found" (+ the first missing package, when it is a parent)
 
     @property

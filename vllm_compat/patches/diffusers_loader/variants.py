@@ -1,31 +1,7 @@
-"""Patch ``vllm_omni...DiffusersPipelineLoader._process_weights_after_loading``.
+"""The loader's variants, each named by the upstream loader shape it serves: ``legacy`` (vllm-omni 0.24.0's own
+method, for a vLLM that creates no meta params) and ``meta_safe`` (the gated fix's semantics, hardened), with what
+they need from the installed vLLM and torch (``resolve_deps``), the contract check and the install."""
 
-Why: vLLM's online quantization (``uses_meta_device = True``) leaves "straggler" layers on ``meta``; the
-legacy loader's blanket ``module.to()`` raises "Cannot copy out of meta tensor" on them, and the first fix
-(per-parameter ``.data`` moves) broke FSDP/HSDP-sharded DTensor params.
-When: ``legacy`` serves vllm-omni <= 0.24.0 on a vLLM that creates no meta params (its exact semantics);
-``meta_safe`` serves the legacy and ungated loaders wherever meta params can appear. A gated loader
-(vllm-omni >= 0.26.0) is left alone unless a variant is forced.
-Serves: vllm-omni <= 0.24.0 (legacy loader) and the ungated first fix, on vLLM >= 0.17.
-Retire when: the oldest supported vllm-omni ships the gated loader (0.26.0).
-
-Decision table (facts: ``detect.model.Environment``):
-
-==========================  ==============================  ========================================
-loader shape                meta params possible?           action (variant)
-==========================  ==============================  ========================================
-absent                      -                               pending (the import hook waits for it)
-legacy                      no                              patched (legacy)
-legacy                      yes                             patched (meta_safe)
-ungated                     any                             patched (meta_safe)
-gated                       any                             skipped: already fixed upstream
-unknown                     any                             refused (warning; error under STRICT)
-any present, forced         any                             patched (the forced variant)
-==========================  ==============================  ========================================
-
-"Meta params possible": the installed vLLM's ``QuantizeMethodBase`` has ``uses_meta_device`` or vllm-omni
-ships its own quant classes that set it. Torch and vLLM are imported only by ``resolve_deps`` and ``install``.
-"""
 
 from __future__ import annotations
 
@@ -34,21 +10,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..decide import Action, Decision
-from ..detect.model import (
+from ...detect.model import accepts_call
+from ...errors import PatchRefusedError, UnsupportedLayoutError
+from .. import _method
+from .facts import (
     FINALIZE_CALL_KEYWORDS,
     FINALIZE_CALL_POSITIONAL,
     FINALIZE_MODULE,
     FINALIZE_NAME,
     LOADER_PARAMS,
-    Environment,
-    LoaderKind,
     LoaderShape,
-    accepts_call,
 )
-from ..errors import PatchRefusedError, UnsupportedLayoutError
-from . import _method
-from ._method import MethodPatch
 
 ENTRY_ID = "diffusers_loader_meta_device"
 CLASS_NAME, METHOD_NAME = "DiffusersPipelineLoader", "_process_weights_after_loading"  # the catalogue row's target
@@ -258,7 +230,7 @@ VARIANT_FUNCTIONS = {"legacy": process_legacy, "meta_safe": process_meta_safe}
 def _layerwise_finalize_finder(layerwise) -> Callable[[], Callable[..., Any] | None]:
     """A ``find_finalize`` reading ``layerwise.finalize_layerwise_processing`` at each call; the acceptance check
     (does it take ``(model, model_config=None)``?) is redone only when the object there changes."""
-    from ..detect.runtime import live_params
+    from ...detect.runtime import live_params
 
     checked: list = [None, None]  # [the finalize object last checked, whether it accepts the call]
 
@@ -345,59 +317,3 @@ def install_variant(loader_class: type, variant: str, deps: LoaderDeps) -> bool:
     return _method.install(loader_class, METHOD_NAME, variant, call_variant, ENTRY_ID)
 
 
-# ---- the drift point ----
-
-class DiffusersLoaderMetaDevice(MethodPatch):
-    """Replaces the loader's weight processing with the variant the decision table picks."""
-
-    def detect_static(self, site) -> Environment:
-        return site.environment
-
-    def detect_runtime(self, module) -> Environment:
-        from ..detect.runtime import detect_runtime as detect
-
-        return detect(module)
-
-    def decide(self, env: Environment, controls) -> Decision:
-        """The decision table above; each path says why in ``reason``."""
-        kind = env.loader.kind
-        if kind == LoaderKind.ABSENT:
-            return self.decision(Action.PENDING, f"{env.loader.detail}; patched when it is imported")
-        if controls.is_forced:
-            return self.decision(Action.PATCHED, f"VLLM_COMPAT_LOADER_VARIANT={controls.loader_variant} forces it "
-                                 f"over the {kind} loader", controls.loader_variant)
-        if kind == LoaderKind.GATED:
-            return self.decision(Action.SKIPPED, "vllm-omni's loader already has the gated meta-safe fix")
-        if kind == LoaderKind.UNKNOWN:
-            return self.decision(
-                Action.REFUSED,
-                f"loader shape not recognized ({env.loader.detail}); left unpatched. Set "
-                f"VLLM_COMPAT_LOADER_VARIANT=meta_safe to force the patch if you have checked it",
-            )
-        if kind == LoaderKind.UNGATED:
-            return self.decision(Action.PATCHED, "ungated loader breaks FSDP/HSDP-sharded params; meta-safe keeps "
-                                 "them", "meta_safe")
-        if env.can_create_meta_params:
-            source = "vLLM (uses_meta_device)" if env.vllm.has_uses_meta_device else "vllm-omni's own quant methods"
-            return self.decision(Action.PATCHED, f"legacy loader, and {source} can leave params on meta; "
-                                 "module.to() would crash on them", "meta_safe")
-        return self.decision(Action.PATCHED, "legacy loader, and no installed quant method creates meta params",
-                             "legacy")
-
-    def prepare(self, owner, env: Environment) -> LoaderDeps:
-        check_contract(self.in_place(owner), env.loader)
-        return resolve_deps()
-
-    def install(self, owner, decision: Decision, deps: LoaderDeps) -> bool:
-        return install_variant(owner, decision.variant, deps)
-
-    def compare(self, static: Environment, runtime: Environment) -> list[str]:
-        from ..detect.model import compare_environments
-
-        return compare_environments(static, runtime)
-
-    def facts_dict(self, env: Environment) -> dict:
-        return {"loader": env.loader.to_dict(), "level": env.vllm.level}
-
-
-DRIFT_POINT = DiffusersLoaderMetaDevice()
