@@ -2,7 +2,8 @@
 #   bash gpu/serve_run.sh unpack          a call that only carries slices (gpu/.carry/serve/callN)
 #   bash gpu/serve_run.sh bug             (a) vLLM 0.25.1 + vllm-omni 0.24.0, unpatched
 #   bash gpu/serve_run.sh native          (b) native 0.24.0, (b') native 0.24.0 --quantization fp8
-#   bash gpu/serve_run.sh compat          vllm_compat installed: (c) 0.25.1, (d) 0.25.1 fp8, (d') 0.24.0 fp8
+#   bash gpu/serve_run.sh compat          vllm_compat installed: (c) 0.25.1, (d) 0.25.1 fp8, (d'') 0.25.1 fp8 without the
+#                                         loader patch (VLLM_COMPAT_DISABLE_PATCHES); SERVE_COMPAT024=1: (d') 0.24.0 fp8
 #   bash gpu/serve_run.sh diag            DIAGNOSTIC: vllm_compat + gpu/serve_diag_reuse_port.py, 0.25.1 and 0.25.1 fp8
 # Each phase writes $OUT/serve_<run>.json after each run, $OUT/serve_<phase>_logs.tar.gz (server logs, PNGs,
 # records; renewed after each run) and $OUT/serve_<phase>.json (every run's record plus the image comparisons). The tiny model is written once per machine
@@ -20,6 +21,16 @@ serve_env 024
 python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, torch.cuda.get_device_name())'
 [ -f "$MODEL/model_index.json" ] || python3 gpu/serve_check.py write-model "$MODEL" --json $VCS/model.json > /dev/null || exit 1
 cp $VCS/model.json "$W/model.json"
+decisions() {  # what vllm_compat decided in an interpreter that imported vllm-omni's serving chain (vLLM $1)
+    serve_env "$1"
+    (cd /tmp && python3 -c "
+import vllm_omni.entrypoints.cli.main, vllm_omni.entrypoints.openai.api_server, vllm, vllm_compat
+print('vllm', vllm.__version__)
+for d in vllm_compat.current_decisions():
+    print(d.name, d.action, getattr(d, 'variant', ''), (d.reason or '')[:160], sep=' | ')
+" > "$W/decisions_$1.txt" 2>&1)
+    grep -v -E "WARNING|INFO" "$W/decisions_$1.txt" | tail -40
+}
 run() {  # name vllm-tag port [serve args...]
     local name=$1 tag=$2 port=$3; shift 3
     serve_env "$tag"
@@ -38,10 +49,13 @@ elif [ "$phase" = native ]; then
     run native024_fp8 024 8103 --quantization fp8
 elif [ "$phase" = compat ]; then
     compat_install || { echo "compat_install failed"; exit 1; }
-    python3 -m pip show vllm-compat | head -2
+    python3 -m pip show vllm-compat 2>/dev/null | head -2
+    decisions 0251
     run compat0251 0251 8104
     run compat0251_fp8 0251 8105 --quantization fp8
-    run compat024_fp8 024 8106 --quantization fp8
+    # The seed's failure class through the server: the serving bridges on, the loader patch left out.
+    VLLM_COMPAT_DISABLE_PATCHES=diffusers_loader_meta_device run compat0251_fp8_noloader 0251 8109 --quantization fp8
+    [ -n "${SERVE_COMPAT024:-}" ] && run compat024_fp8 024 8106 --quantization fp8
     compat_uninstall
 elif [ "$phase" = diag ]; then  # DIAGNOSTIC (gpu/serve_diag_reuse_port.py): past the setup_server stop, what next?
     compat_install || { echo "compat_install failed"; exit 1; }
