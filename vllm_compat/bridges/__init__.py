@@ -35,6 +35,11 @@ class StandInFacts:
     host: str
     importers: tuple[str, ...] = ()
 
+    @property
+    def stand_in(self) -> StandInFacts:
+        """These two facts alone (what every stand-in's decision table reads; a subclass adds its shapes)."""
+        return StandInFacts(self.host, self.importers)
+
     def to_dict(self) -> dict:
         return asdict(self)
 

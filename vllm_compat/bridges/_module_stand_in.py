@@ -19,13 +19,21 @@ works (so the rest of vllm-omni does), the feature fails loudly, naming the drif
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..decide import Action
 from ..drift import DriftPoint, is_ours, mark, provide, withdraw
 from ..errors import PatchRefusedError, VllmCompatError
-from . import HostKind, StandInFacts, compare_stand_in, decide_stand_in, host_lookup, installed_omni_tree, omni_importers
+from . import (
+    HostKind,
+    StandInFacts,
+    compare_stand_in,
+    decide_stand_in,
+    host_lookup,
+    installed_omni_tree,
+    omni_importers,
+)
 from ._name_stand_in import Shape
 
 
@@ -35,22 +43,13 @@ class RemovedByVLLMError(VllmCompatError, NotImplementedError):
 
 
 @dataclass(frozen=True)
-class ModuleStandInFacts:
+class ModuleStandInFacts(StandInFacts):
     """``host`` / ``importers`` as every stand-in's (``StandInFacts``), plus ``replacement``: the shape of the vLLM
     files the module's names are built on (``Shape``; ``absent`` where it needs none, or where vLLM has the module)
     and ``detail``, what was found where that shape is unknown."""
 
-    host: str
-    importers: tuple[str, ...] = ()
     replacement: str = Shape.ABSENT
     detail: str = ""
-
-    @property
-    def stand_in(self) -> StandInFacts:
-        return StandInFacts(self.host, self.importers)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def files_of_installed_vllm(relpath: str) -> str | None:

@@ -12,7 +12,7 @@ puts there carries the entry's mark so that ``uninstall`` removes exactly that.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..decide import Action
 from ..drift import DriftPoint, is_ours, provide, withdraw
@@ -96,24 +96,15 @@ class Shape:
 
 
 @dataclass(frozen=True)
-class FunctionStandInFacts:
+class FunctionStandInFacts(StandInFacts):
     """A stand-in's facts (``host``, ``importers``) plus both shapes it is built between: ``replacement``, vLLM's
     new function(s) it calls; ``callers``, vllm-omni's calls of the old name (``calls``: ``"module:line: ..."``
     each); ``detail`` says what was found where a shape is unknown."""
 
-    host: str
-    importers: tuple[str, ...] = ()
     replacement: str = Shape.ABSENT
     callers: str = Shape.ABSENT
     calls: tuple[str, ...] = ()
     detail: str = ""
-
-    @property
-    def stand_in(self) -> StandInFacts:
-        return StandInFacts(self.host, self.importers)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class FunctionStandIn(NameStandIn):
