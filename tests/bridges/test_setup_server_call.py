@@ -1,0 +1,70 @@
+"""The ``setup_server_call`` adapter on the real wheels: the shapes read from the installed files (vLLM 0.25+'s
+``setup_server(args, *, reuse_port)``, vllm-omni 0.24.0's ``setup_openai_server(args)``), the decision table, and on
+the imported server module: unpatched, vllm-omni's call raises vLLM's real TypeError; with the adapter it makes the
+socket vLLM 0.24 made (SO_REUSEPORT on, loopback); revert puts back exactly vLLM's function. tests/serve runs the
+whole server through it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import needs_startup_hook, run_python
+from vllm_compat.bridges import setup_server_call as bridge
+from vllm_compat.bridges.setup_server_call import SetupServerFacts, Shape
+from vllm_compat.config import Controls
+from vllm_compat.decide import Action
+from vllm_compat.detect.static import StaticSite
+
+STATIC = bridge.DRIFT_POINT.detect_static(StaticSite.installed())
+needs_drift = pytest.mark.skipif(
+    (STATIC.callee, STATIC.caller) != (Shape.REQUIRES_REUSE_PORT, Shape.ARGS_ONLY),
+    reason=f"needs vLLM 0.25+'s setup_server(args, *, reuse_port) and vllm-omni 0.24.0's call; here {STATIC}")
+
+
+@pytest.mark.parametrize(("callee", "caller", "action"), [
+    (Shape.REQUIRES_REUSE_PORT, Shape.ARGS_ONLY, Action.PATCHED), (Shape.FITS, Shape.ARGS_ONLY, Action.SKIPPED),
+    (Shape.REQUIRES_REUSE_PORT, Shape.FITS, Action.SKIPPED), (Shape.REQUIRES_REUSE_PORT, Shape.ABSENT, Action.SKIPPED),
+    (Shape.ABSENT, Shape.ARGS_ONLY, Action.PENDING), (Shape.UNKNOWN, Shape.ARGS_ONLY, Action.REFUSED),
+    (Shape.REQUIRES_REUSE_PORT, Shape.UNKNOWN, Action.REFUSED),
+])
+def test_decision_table(callee, caller, action):
+    assert bridge.DRIFT_POINT.decide(SetupServerFacts(callee, caller), Controls()).action == action
+
+
+@needs_drift
+@needs_startup_hook
+def test_unpatched_call_fails_and_the_adapter_gives_vllm_024s_socket():
+    code = """
+        import argparse, json, socket
+        import vllm_omni.entrypoints.openai.api_server as server
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        import vllm_compat
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--host", "127.0.0.1", "--port", "0"])
+        args.model = "tiny"
+        out = {}
+        try:
+            address, sock = server.setup_openai_server(args)
+            out["reuse_port"] = sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
+            out["reuse_addr"] = sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR)
+            out["host"] = sock.getsockname()[0]
+            sock.close()
+        except TypeError as exc:
+            out["error"] = str(exc)
+        import vllm.entrypoints.openai.api_server as vllm_server
+        out["ours"] = server.setup_openai_server is not vllm_server.setup_server
+        vllm_compat.revert()
+        out["reverted"] = server.setup_openai_server is vllm_server.setup_server
+        print("RESULT", json.dumps(out))
+    """
+    unpatched = run_python(code, env={"VLLM_COMPAT_DISABLE_PATCHES": bridge.DRIFT_POINT.id}, timeout=1200)
+    assert "RESULT " in unpatched.stdout, unpatched.stderr[-3000:]
+    out = json.loads(unpatched.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    assert out["error"] == "setup_server() missing 1 required keyword-only argument: 'reuse_port'" and not out["ours"]
+    fixed = run_python(code, timeout=1200)
+    assert "RESULT " in fixed.stdout, fixed.stderr[-3000:]
+    out = json.loads(fixed.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    assert out["ours"] and out["reverted"] and out["host"] == "127.0.0.1"
+    assert out["reuse_port"] == 1 and out["reuse_addr"] == 1  # vLLM 0.24's create_server_socket set both
