@@ -5,6 +5,7 @@
 #   bash gpu/serve_run.sh compat          vllm_compat installed: (c) 0.25.1, (d) 0.25.1 fp8, (d'') 0.25.1 fp8 without the
 #                                         loader patch (VLLM_COMPAT_DISABLE_PATCHES); SERVE_COMPAT024=1: (d') 0.24.0 fp8
 #   bash gpu/serve_run.sh diag            DIAGNOSTIC: vllm_compat + gpu/serve_diag_reuse_port.py, 0.25.1 and 0.25.1 fp8
+#                                         (DIAG_ONLY_NOLOADER=1: 0.25.1 fp8 with the loader patch left out, only)
 # Each phase writes $OUT/serve_<run>.json after each run, $OUT/serve_<phase>_logs.tar.gz (server logs, PNGs,
 # records; renewed after each run) and $OUT/serve_<phase>.json (every run's record plus the image comparisons). The tiny model is written once per machine
 # (deterministic: the same files from the same seed, digest in the record).
@@ -25,6 +26,7 @@ decisions() {  # what vllm_compat decided in an interpreter that imported vllm-o
     serve_env "$1"
     (cd /tmp && python3 -c "
 import vllm_omni.entrypoints.cli.main, vllm_omni.entrypoints.openai.api_server, vllm, vllm_compat
+import vllm_omni.diffusion.model_loader.diffusers_loader  # the loader patch decides when its module loads
 print('vllm', vllm.__version__)
 for d in vllm_compat.current_decisions():
     print(d.name, d.action, getattr(d, 'variant', ''), (d.reason or '')[:160], sep=' | ')
@@ -62,8 +64,13 @@ elif [ "$phase" = diag ]; then  # DIAGNOSTIC (gpu/serve_diag_reuse_port.py): pas
     SP=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     mkdir -p "$VCS/diag" && cp gpu/serve_diag_reuse_port.py "$VCS/diag/"
     echo "import sys; sys.path.append('$VCS/diag'); import serve_diag_reuse_port" > "$SP/serve_diag_reuse_port.pth"
-    run diag0251 0251 8107
-    run diag0251_fp8 0251 8108 --quantization fp8
+    decisions 0251
+    if [ -n "${DIAG_ONLY_NOLOADER:-}" ]; then  # the second diag call: only the loader-patch-off FP8 run
+        VLLM_COMPAT_DISABLE_PATCHES=diffusers_loader_meta_device run diag0251_fp8_noloader 0251 8110 --quantization fp8
+    else
+        run diag0251 0251 8107
+        run diag0251_fp8 0251 8108 --quantization fp8
+    fi
     rm -f "$SP/serve_diag_reuse_port.pth"
     compat_uninstall
 fi
