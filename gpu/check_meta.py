@@ -82,7 +82,7 @@ def main(out_path: str) -> dict:
     vllm_compat.revert()
     patch.install_variant(cls, "meta_safe", patch.resolve_deps())
     report["patched_meta_safe"] = run_case(lambda m, d: loader._process_weights_after_loading(m, d), device)
-    patch.uninstall(cls)
+    patch.DRIFT_POINT.uninstall(cls)
 
     with open(out_path, "w") as fh:
         json.dump(report, fh, indent=1, default=str)

@@ -51,6 +51,8 @@ from .facts import (
     scan_tree,
 )
 from .variants import (  # noqa: F401 - the loader's API, read here by its tests and benchmarks
+    CLASS_NAME,
+    METHOD_NAME,
     PROCESSED_FLAG,
     VARIANT_FUNCTIONS,
     VARIANTS,
