@@ -145,7 +145,10 @@ def test_without_vllm_compat_the_cell_fails_where_it_patches(cell_record, tmp_pa
     (the meta-tensor RuntimeError from the legacy loader, or vllm-omni's ImportError); where it does nothing
     (vllm-omni's own vLLM with a gated loader), the cell is native-equal without it too."""
     expected = {"diffusers_loader_meta_device": "Cannot copy out of meta tensor",
-                "routed_experts_lists": "RoutedExpertsLists", "input_preprocessor": "vllm.inputs.preprocess"}
+                "routed_experts_lists": "RoutedExpertsLists", "input_preprocessor": "vllm.inputs.preprocess",
+                "error_response_engine_text": "vllm.entrypoints.serve.utils.error_response",
+                "v1_block_table": "block_table", "v1_sampler": "vllm.v1.sample.sampler",
+                "v1_sampling_metadata": "vllm.v1.sample.metadata"}
     patched = sorted(name for name, action in cell_record["decisions"].items()
                      if name in expected and action == "patched")
     unpatched = _record(tmp_path / "unpatched.json", {"VLLM_COMPAT_DISABLE": "1"}, "--no-modules")
