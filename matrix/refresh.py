@@ -276,14 +276,16 @@ def wheel_sources(wheel: Path, package: str = "vllm"):
 
 
 def moved_or_removed(target: str, reason: str, index: tuple[dict, dict]) -> str:
-    """``moved? (same name in a, b)`` when the new tree defines the name (or has a module of that name) elsewhere,
-    ``removed`` when it does not: a name match only; matrix/aliases.py decides a move by the definition's source."""
+    """``moved? (same name in a, b)`` when the new tree has a module of that name elsewhere or, for a name that is
+    not a missing module, a module defining it (closest package first); ``removed`` when it has neither. A name
+    match only: matrix/aliases.py decides a move by the definition's source."""
     names, modules = index
     parent, _, last = target.rpartition(".")
-    if "module" in reason:
-        where = [m for m in modules.get(last, ()) if m != target]
-    else:
-        where = [m for m in names.get(last, ()) if m != parent]
+    # ``from vllm.v1.worker import block_table`` may name a module or an object: a module of that name, or a
+    # module defining it, both count (a module not found can only have moved as a module)
+    where = {m for m in modules.get(last, ()) if m != target}
+    if "module" not in reason:
+        where |= {m for m in names.get(last, ()) if m != parent}
 
     def shared(module: str) -> int:  # leading package names in common with the old home: the likelier move first
         pairs = zip(module.split("."), parent.split("."), strict=False)

@@ -144,6 +144,9 @@ def test_moved_or_removed_names_the_closest_home_first():
         "moved? (same name in vllm.v1.worker.gpu.block_table, vllm.third_party.kernels.block_table)")
     assert refresh.moved_or_removed("vllm.v1.sample.sampler.Sampler", "name not defined", index) == (
         "moved? (same name in vllm.v1.worker.gpu.sample.sampler)")
+    # `from vllm.v1.worker import block_table` reports a name not defined: a module of that name counts too
+    assert refresh.moved_or_removed("vllm.v1.worker.block_table", "name not defined", index) == (
+        "moved? (same name in vllm.v1.worker.gpu.block_table, vllm.third_party.kernels.block_table)")
     assert refresh.moved_or_removed("vllm.v1.sample.metadata", "module not found", index) == "removed"
     assert refresh.moved_or_removed("vllm.v1.outputs.RoutedExpertsLists", "name not defined", index) == "removed"
 
