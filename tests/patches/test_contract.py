@@ -68,6 +68,11 @@ def same_install(old, new):
     return unwrap(old) is unwrap(new) or isinstance(old, types.ModuleType)
 
 
+def imported_meanwhile(old, new):
+    # a submodule of the owner package imported since (the import system sets it on its parent): not an install
+    return old is None and isinstance(new, types.ModuleType) and not is_ours(new)
+
+
 snapshots = {}
 for entry in CATALOGUE:
     module = sys.modules.get(entry.target_module)
@@ -89,7 +94,7 @@ for entry_id, (owner, before) in snapshots.items():
     # what is not ours is the very same object; what is ours is this entry's again (a wrapper around the same)
     out[entry_id]["reapplied_other"] = sorted(
         k for k in set(before) | set(now) if not k.startswith("__") and before.get(k) is not now.get(k)
-        and not same_install(before.get(k), now.get(k)))
+        and not same_install(before.get(k), now.get(k)) and not imported_meanwhile(before.get(k), now.get(k)))
 vllm_compat.revert()
 print("RESULT" + json.dumps(out))
 """
