@@ -36,14 +36,18 @@ def test_decision_table(callee, caller, action):
 @needs_drift
 @needs_startup_hook
 def test_unpatched_call_fails_and_the_adapter_gives_vllm_024s_socket():
+    # vLLM's argument parser cannot be built on a machine without a GPU (its defaults infer the device), so the
+    # args are a Namespace with what setup_server reads, and its logging / validation helpers (which read the
+    # parser's defaults) are no-ops here; the socket is vLLM's own create_server_socket.
     code = """
         import argparse, json, socket
         import vllm_omni.entrypoints.openai.api_server as server
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        import vllm.entrypoints.openai.api_server as vllm_server
         import vllm_compat
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--host", "127.0.0.1", "--port", "0"])
-        args.model = "tiny"
+        for helper in ("log_version_and_model", "log_non_default_args", "validate_api_server_args"):
+            setattr(vllm_server, helper, lambda *a, **k: None)
+        args = argparse.Namespace(model="tiny", host="127.0.0.1", port=0, uds=None, tool_parser_plugin=None,
+                                  reasoning_parser_plugin=None)
         out = {}
         try:
             address, sock = server.setup_openai_server(args)
@@ -53,7 +57,6 @@ def test_unpatched_call_fails_and_the_adapter_gives_vllm_024s_socket():
             sock.close()
         except TypeError as exc:
             out["error"] = str(exc)
-        import vllm.entrypoints.openai.api_server as vllm_server
         out["ours"] = server.setup_openai_server is not vllm_server.setup_server
         vllm_compat.revert()
         out["reverted"] = server.setup_openai_server is vllm_server.setup_server

@@ -15,8 +15,8 @@ a CPU-only machine; CPU-torch cells uninstall the two, and these tests skip ther
    ``current_omni_platform.get_default_stage_config_path()`` raises NotImplementedError (measured; the record is
    ``native/vllm-omni-<version>.json``). No route answers there, so routes / ``/health`` / ``/v1/models`` / images
    are compared only where the native record says it served (a GPU machine: ``gpu/``).
-3. A SIGINT sent while the server starts stops it within the native pair's time (record's time, x2 + 10 s for this
-   shared machine's noise).
+3. A SIGINT sent while the server starts ends it where and within the time the native pair's run ends (record's
+   time x2 + 30 s for this shared machine's noise; on CPU neither acts on it before the platform stop).
 
 Native records: ``VLLM_COMPAT_SERVE_RECORD=1 pytest tests/serve`` in the native pair's cell writes them; in that
 cell the test also checks the run against the checked-in record.
@@ -269,14 +269,21 @@ def test_server_goes_as_far_as_the_native_pair(tmp_path):
 
 @needs_startup_hook
 def test_sigint_stops_the_server_within_the_native_pairs_time(tmp_path):
+    """SIGINT right after the server's first log line: the run ends at the same point as the native pair's after
+    the same SIGINT, within its time (x2 + 30 s: this shared machine's load moves it by seconds). On a CPU-only
+    machine neither pair's process acts on that SIGINT: both run on to the platform stop ~1 s later (no
+    KeyboardInterrupt in either log; measured side by side under the same load: native 13.3 s, vLLM 0.25.1 with
+    vllm_compat 10.1 s). The launcher's own SIGINT behaviour (a served pure-diffusion app) is
+    tests/bridges/test_launcher_adapter.py's."""
     record = native_record()
     if record is None and not RECORD:
         pytest.skip(f"no native record for vllm-omni {OMNI_VERSION} (tests/serve/native/)")
     got = run_server(tmp_path, sigint_after=MILESTONES[0][1])
     if RECORD:
-        _write_record({"sigint_exit_s": got.get("sigint_exit_s")})
+        _write_record({"sigint_exit_s": got.get("sigint_exit_s"), "sigint_stop": got["stop"]})
         return
     assert "sigint_exit_s" in got, f"the server stopped before the SIGINT could be sent:\n{got['log_tail']}"
     assert got["sigint_exit_s"] is not None, "still running 120 s after SIGINT"
-    limit = 2 * (record.get("sigint_exit_s") or 0) + 10
+    assert got["stop"] == record["sigint_stop"], (got["stop"], record["sigint_stop"], got["log_tail"])
+    limit = 2 * (record.get("sigint_exit_s") or 0) + 30
     assert got["sigint_exit_s"] <= limit, (got["sigint_exit_s"], record.get("sigint_exit_s"))
