@@ -35,6 +35,7 @@ class NameStandIn(DriftPoint):
 
     importers: tuple[str, ...] = ()
     removed_in = ""
+    provides_module = False  # the target is a submodule of target_module, which vllm-omni imports as a module
 
     def build(self, owner):
         """What to put on ``owner`` (the target module)."""
@@ -46,9 +47,14 @@ class NameStandIn(DriftPoint):
 
     # ---- facts ----
 
+    def importers_in(self, tree) -> tuple[str, ...]:
+        """The running imports of the target in the vllm-omni ``importers`` files of ``tree``."""
+        if self.provides_module:
+            return omni_importers(tree, self.importers, self.target_path, None)
+        return omni_importers(tree, self.importers, self.target_module, self.name)
+
     def facts_from_files(self, site) -> StandInFacts:
-        return StandInFacts(host_lookup(site.vllm_tree, self.target_module, self.name),
-                            omni_importers(site.omni_tree, self.importers, self.target_module, self.name))
+        return StandInFacts(host_lookup(site.vllm_tree, self.target_module, self.name), self.importers_in(site.omni_tree))
 
     def host_in_module(self, module) -> str:
         """The imported module's answer: it lacks the name where nothing, or only ours, is there."""
@@ -56,8 +62,7 @@ class NameStandIn(DriftPoint):
         return HostKind.LACKS if current is None or is_ours(current, self.id) else HostKind.DEFINES
 
     def facts_from_module(self, module) -> StandInFacts:
-        return StandInFacts(self.host_in_module(module), omni_importers(
-            installed_omni_tree(), self.importers, self.target_module, self.name))
+        return StandInFacts(self.host_in_module(module), self.importers_in(installed_omni_tree()))
 
     # ---- the drift-point interface ----
 
@@ -157,7 +162,7 @@ class FunctionStandIn(NameStandIn):
         return Shape.KNOWN, tuple(calls), ""
 
     def facts(self, host: str, omni_tree, replacement: tuple[str, str]) -> FunctionStandInFacts:
-        importers = omni_importers(omni_tree, self.importers, self.target_module, self.name)
+        importers = self.importers_in(omni_tree)
         callers, calls, caller_detail = self.callers(omni_tree)
         detail = "; ".join(d for d in (replacement[1], caller_detail) if d)
         return FunctionStandInFacts(host, importers, replacement[0], callers, calls, detail)

@@ -31,16 +31,7 @@ import sys
 from ..decide import Decision
 from ..drift import mark, provide, withdraw
 from ..errors import PatchRefusedError
-from . import (
-    HostKind,
-    StandInFacts,
-    compare_stand_in,
-    decide_stand_in,
-    host_lookup,
-    installed_omni_tree,
-    is_ours,
-    omni_importers,
-)
+from . import HostKind, is_ours
 from ._name_stand_in import NameStandIn
 
 ENTRY_ID = "input_preprocessor"
@@ -141,13 +132,10 @@ class InputPreprocessorStandIn(NameStandIn):
 
     importers = IMPORTERS
     removed_in = "0.29"
+    provides_module = True
 
     def build(self, owner):
         return stand_in_module()
-
-    def facts_from_files(self, site) -> StandInFacts:
-        return StandInFacts(host_lookup(site.vllm_tree, PARENT, NAME),
-                            omni_importers(site.omni_tree, IMPORTERS, MODULE, None))
 
     def host_in_module(self, module) -> str:
         """The module in ``sys.modules`` or on the parent is vLLM's unless it is ours; neither there: vLLM ships
@@ -164,14 +152,7 @@ class InputPreprocessorStandIn(NameStandIn):
 
         return HostKind.DEFINES if PathFinder.find_spec(MODULE, path) is not None else HostKind.LACKS
 
-    def facts_from_module(self, module) -> StandInFacts:
-        return StandInFacts(self.host_in_module(module), omni_importers(installed_omni_tree(), IMPORTERS, MODULE,
-                                                                        None))
-
-    def decide(self, facts: StandInFacts, controls=None) -> Decision:
-        return decide_stand_in(self.entry, facts, MODULE, removed_in=self.removed_in)
-
-    def prepare(self, owner, facts: StandInFacts) -> None:
+    def prepare(self, owner, facts) -> None:
         """The contract: neither ``sys.modules`` nor the parent holds a ``preprocess`` that is not ours, and vLLM
         ships no such file (ours may be in place already)."""
         if self.host_in_module(owner) != HostKind.LACKS:
@@ -196,9 +177,6 @@ class InputPreprocessorStandIn(NameStandIn):
             del sys.modules[MODULE]
             removed = True
         return removed
-
-    def compare(self, static: StandInFacts, runtime: StandInFacts) -> list[str]:
-        return compare_stand_in(static, runtime, MODULE)
 
 
 DRIFT_POINT = InputPreprocessorStandIn()
