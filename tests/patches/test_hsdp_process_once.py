@@ -67,16 +67,25 @@ def _legacy_loader(order: list):
         def __init__(self):  # no config: only the methods the reordering calls are used
             pass
 
-        def load_weights(self, model):
+        def load_weights(self, model, *args, **kwargs):
             order.append("load")
+            self.loaded = (model, args, kwargs)
+            return "loaded"
 
         def legacy_load_model(self, model, device, other=None):
-            self.load_weights(model)
+            assert self.load_weights(model, "extra", key=1) == "loaded"
             order.append("shard")
             self._process_weights_after_loading(model, device)
             if other is not None:  # another model through the same loader: processed as usual
                 self._process_weights_after_loading(other, device)
             return model
+
+        def _load_model_with_hsdp(self, target_device):  # the method the reordering's contract asks for
+            raise AssertionError("not called here")
+
+        def load_model(self, load_device, load_format="default", custom_pipeline_name=None, device=None):
+            """vllm-omni 0.24.0's signature; the model comes from the test."""
+            return self.legacy_load_model(self.model, device)
 
     return Loader()
 
@@ -95,6 +104,55 @@ def test_each_layer_is_processed_once_before_sharding_and_never_after():
     assert [layer.process_calls for layer in model.layers] == [1] * LAYERS
     assert all(torch.equal(layer.weight, torch.full((2, 2), 2.0)) for layer in model.layers)
     assert "load_weights" not in vars(loader) and "_process_weights_after_loading" not in vars(loader)
+    assert loader.loaded == (model, ("extra",), {"key": 1})  # load_weights got the call as made
+
+
+@pytest.mark.parametrize("use_hsdp", [True, False])
+@pytest.mark.parametrize("device_given", [True, False])
+def test_the_installed_wrapper_reorders_only_hsdp_calls_with_a_device(use_hsdp, device_given):
+    """Through the drift point's own ``prepare`` / ``install`` on a subclass of vllm-omni's loader (the real class
+    is left alone): an HSDP call with a device is reordered; without HSDP, or without a device, ``load_model`` runs
+    as vllm-omni wrote it; ``uninstall`` puts the method back."""
+    import types
+
+    import torch
+
+    from vllm_compat.decide import Action
+    from vllm_compat.patches import hsdp_load_order
+
+    order: list[str] = []
+    loader, model = _legacy_loader(order), _model(order)
+    owner = type(loader)
+    original = vars(owner)["load_model"]
+    point = hsdp_load_order.DRIFT_POINT
+    decision = point.decision(Action.PATCHED, "test", hsdp_load_order.VARIANT)
+    assert point.install(owner, decision, point.prepare(owner, None)) is True
+    try:
+        loader.model, loader.parallel_config = model, types.SimpleNamespace(use_hsdp=use_hsdp)
+        kwargs = {"device": torch.device("cpu")} if device_given else {}
+        assert loader.load_model("cpu", **kwargs) is model
+    finally:
+        assert point.uninstall(owner) is True
+    assert vars(owner)["load_model"] is original
+    processes = [f"process:{i}" for i in range(LAYERS)]
+    if use_hsdp and device_given:
+        assert order == ["load", *processes, "shard"], order
+    else:
+        assert order == ["load", "shard", *processes], order
+    assert [layer.process_calls for layer in model.layers] == [1] * LAYERS
+
+
+def test_prepare_refuses_a_load_model_without_a_device_parameter():
+    from vllm_compat.errors import PatchRefusedError
+    from vllm_compat.patches import hsdp_load_order
+
+    owner = type(_legacy_loader([]))
+    odd = type("Odd", (owner,), {"load_model": lambda self, load_device: None})
+    with pytest.raises(PatchRefusedError, match="missing: \\['device'\\]"):
+        hsdp_load_order.DRIFT_POINT.prepare(odd, None)
+    no_hsdp = type("NoHsdp", (owner,), {"_load_model_with_hsdp": None, "load_model": vars(owner)["load_model"]})
+    with pytest.raises(PatchRefusedError, match="lacks \\['_load_model_with_hsdp'\\]"):
+        hsdp_load_order.DRIFT_POINT.prepare(no_hsdp, None)
 
 
 def test_another_model_through_the_same_call_is_still_processed():
