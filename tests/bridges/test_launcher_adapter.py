@@ -20,7 +20,10 @@ from tests.bridges.serve_stand_in_cases import cases
 from vllm_compat.bridges import HostKind
 from vllm_compat.bridges import launcher_adapter as bridge
 
-globals().update(cases(bridge, probe=bridge.OLD_MODULE))
+CASES = cases(bridge, probe=bridge.OLD_MODULE)
+globals().update(CASES)
+STATIC = CASES["STATIC"]
+needs_missing = CASES["needs_missing"]
 
 SIGINT_SCRIPT = """
 import asyncio, importlib, json, os, signal, socket, sys, time
@@ -59,9 +62,7 @@ async def main():
     await shutdown
 
 try:
-    asyncio.run(asyncio.wait_for(main(), 20))
-except (asyncio.TimeoutError, TimeoutError):
-    out["stopped_s"] = None
+    asyncio.run(main())
 except KeyboardInterrupt:
     out.setdefault("stopped_s", round(time.monotonic() - out["sent"], 2))
 out["engine_shutdowns"] = client.shutdowns
@@ -85,14 +86,14 @@ def test_native_launcher_stops_a_pure_diffusion_server_on_sigint():
     assert out["stopped_s"] is not None and out["stopped_s"] < 10, out
 
 
-@needs_missing  # noqa: F821 (bound by cases())
+@needs_missing
 def test_new_launcher_alone_ignores_sigint_with_a_pure_diffusion_client():
     """The unpatched reproduction: vLLM 0.29+'s own serve_http, the same app: still serving 20 s after SIGINT."""
     out = sigint_run(bridge.NEW_MODULE)
     assert out["stopped_s"] is None, f"vLLM {VLLM_VERSION}'s serve_http stopped: {out}"
 
 
-@needs_missing  # noqa: F821
+@needs_missing
 def test_adapter_stops_a_pure_diffusion_server_on_sigint_and_stops_the_engine():
     out = sigint_run(bridge.OLD_MODULE)
     assert out["stopped_s"] is not None and out["stopped_s"] < 10, out

@@ -7,7 +7,10 @@ import pytest
 from tests.bridges.serve_stand_in_cases import cases
 from vllm_compat.bridges import openai_engine_serving as bridge
 
-globals().update(cases(bridge))
+CASES = cases(bridge)
+globals().update(CASES)
+STATIC = CASES["STATIC"]
+needs_missing = CASES["needs_missing"]
 
 
 def test_refused_where_the_new_definitions_changed():

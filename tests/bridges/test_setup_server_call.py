@@ -46,8 +46,10 @@ def test_unpatched_call_fails_and_the_adapter_gives_vllm_024s_socket():
         import vllm_compat
         for helper in ("log_version_and_model", "log_non_default_args", "validate_api_server_args"):
             setattr(vllm_server, helper, lambda *a, **k: None)
-        args = argparse.Namespace(model="tiny", host="127.0.0.1", port=0, uds=None, tool_parser_plugin=None,
-                                  reasoning_parser_plugin=None)
+        class Args(argparse.Namespace):  # every other flag unset (None), as parsed defaults would mostly be
+            def __getattr__(self, name):
+                return None
+        args = Args(model="tiny", host="127.0.0.1", port=0)
         out = {}
         try:
             address, sock = server.setup_openai_server(args)

@@ -16,7 +16,15 @@ import sys
 
 from ..drift import is_ours, mark, provide, withdraw
 from ..errors import PatchRefusedError
-from . import HostKind, StandInFacts, compare_stand_in, decide_stand_in, host_lookup, installed_omni_tree, omni_importers
+from . import (
+    HostKind,
+    StandInFacts,
+    compare_stand_in,
+    decide_stand_in,
+    host_lookup,
+    installed_omni_tree,
+    omni_importers,
+)
 from ._name_stand_in import NameStandIn
 
 
