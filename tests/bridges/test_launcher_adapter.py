@@ -26,9 +26,13 @@ STATIC = CASES["STATIC"]
 needs_missing = CASES["needs_missing"]
 
 SIGINT_SCRIPT = """
-import asyncio, importlib, json, os, signal, socket, sys, time
+import asyncio, importlib, importlib.util, json, os, signal, socket, sys, time
 from fastapi import FastAPI
 serve_http = importlib.import_module(sys.argv[1]).serve_http
+# vLLM's launcher imported before the clock starts (the adapter imports it on its first call, which took over 25 s
+# of this loaded machine's time and held the loop; vllm-omni's server has long imported it by then)
+importlib.import_module("vllm.entrypoints.launchers.launcher" if importlib.util.find_spec(
+    "vllm.entrypoints.launchers") else "vllm.entrypoints.launcher")
 
 class PureDiffusionClient:
     vllm_config = None
