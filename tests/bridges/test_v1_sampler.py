@@ -12,8 +12,7 @@ import pytest
 
 from conftest import OMNI_VERSION, needs_startup_hook, needs_vllm, run_python
 from tests.bridges import module_stand_in_cases as cases
-from vllm_compat.bridges import HostKind
-from vllm_compat.bridges import v1_sampler, v1_sampling_metadata
+from vllm_compat.bridges import HostKind, v1_sampler, v1_sampling_metadata
 from vllm_compat.detect.static import StaticSite
 
 SITE = StaticSite.installed()
@@ -84,13 +83,13 @@ def test_the_diffusion_stage_needs_them_and_starts_only_while_they_act(controls,
 @needs_missing_modules
 @needs_startup_hook
 def test_imports_with_the_stand_ins_which_raise_when_used_and_revert_removes_them():
-    result = run_python(f"""
+    result = run_python("""
         import json, sys
         from vllm.v1.sample.sampler import Sampler
         from vllm.v1.sample.metadata import SamplingMetadata
         import vllm_compat
         from vllm_compat.bridges._module_stand_in import RemovedByVLLMError
-        out = dict(raised={{}})
+        out = dict(raised={})
         def sample(logits, sampling_metadata: SamplingMetadata | None = None):  # as vllm-omni's models annotate it
             return sampling_metadata
         for cls in (Sampler, SamplingMetadata):

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import vllm_compat
+from vllm_compat.bridges._module_stand_in import ModuleStandIn
 from vllm_compat.catalogue import CATALOGUE, KINDS, Entry, drift_point
 from vllm_compat.drift import DriftPoint
-from vllm_compat.bridges._module_stand_in import ModuleStandIn
 
 PACKAGE = Path(vllm_compat.__file__).parent
 # Layers that must never name a target nor a target's facts: they iterate the catalogue, or describe what every
