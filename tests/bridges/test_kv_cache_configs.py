@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 import vllm_compat
-from conftest import needs_omni, needs_startup_hook, needs_vllm, run_python
+from conftest import VLLM_VERSION, needs_omni, needs_startup_hook, needs_vllm, run_python
 from tests.support.kv_cache_plans import (
     RECORD,
     SCENARIOS,
@@ -161,11 +162,62 @@ def test_returns_what_vllm_0_32_returned(utils, record, name):
     function = utils.get_kv_cache_configs
     assert is_ours(function, stand_in.DRIFT_POINT.entry.id) == (STATIC.host == HostKind.LACKS)
     found, expected = outcome(function, name), record["results"][name]
-    if field_names(found) == field_names(expected):  # vLLM 0.32, and 0.33's same classes: every field
+    assert_matches_the_0_32_record(found, expected, advice_may_differ=Version(VLLM_VERSION) >= Version("0.34"))
+
+
+def assert_matches_the_0_32_record(found: dict, expected: dict, *, advice_may_differ: bool = False) -> None:
+    """Same fields as vLLM 0.32 (0.32, and 0.33's same classes): every field equal. Fewer (0.29-0.31: no
+    kv_tp_replicas, ...): the ones they have equal. More (0.34: needs_kv_cache_zeroing on KVCacheConfig,
+    kv_head_major_slots on the attention specs): every field 0.32 had is there and equal, the new ones are not
+    judged (0.32 says nothing about them). Fields both added and removed: a vLLM this oracle does not describe.
+    An error: the same text; with ``advice_may_differ`` (vLLM 0.34 reworded the advice after "Try ..."), the same
+    statement up to it (exception type, model length, memory needed and available, the estimated length)."""
+    if advice_may_differ and "error" in found and "error" in expected:
+        statement = found["error"].split(" Try ", 1)[0]
+        assert statement == expected["error"].split(" Try ", 1)[0] and " Try " in found["error"], found
+        return
+    here, there = field_names(found), field_names(expected)
+    if here == there:
         assert found == expected
-    else:  # vLLM 0.29-0.31 have fewer fields (no kv_tp_replicas, ...): the ones they have
-        assert field_names(found) < field_names(expected), "fields vLLM 0.32 does not have"
+    elif here < there:
         assert shared(found, expected) == shared(expected, found)
+    else:
+        assert here > there, f"vLLM 0.32 fields missing here: {sorted(there - here, key=str)}"
+        assert shared(found, expected) == expected
+
+
+def test_the_oracle_rule_allows_new_fields_only():
+    """The comparison itself, on a plan cut down to one group: a newer vLLM's extra fields pass; a 0.32 field
+    changed, or gone, fails, whether or not new fields came along."""
+    spec = {"__class__": "FullAttentionSpec", "block_size": 16, "num_kv_heads": 2}
+    plan = {"configs": [{"__class__": "KVCacheConfig", "num_blocks": 320,
+                         "kv_cache_groups": [{"__class__": "KVCacheGroupSpec", "kv_cache_spec": spec}]}]}
+
+    def edited(change) -> dict:
+        out = json.loads(json.dumps(plan))
+        change(out["configs"][0], out["configs"][0]["kv_cache_groups"][0]["kv_cache_spec"])
+        return out
+
+    def newer(config, spec):
+        config["needs_kv_cache_zeroing"] = False
+        spec["kv_head_major_slots"] = False
+
+    assert_matches_the_0_32_record(plan, plan)
+    error = {"error": "ValueError: needs 0.12 GiB, 0.0 GiB available. Try increasing `gpu_memory_utilization`."}
+    reworded = {"error": error["error"].replace("increasing", "raising")}
+    assert_matches_the_0_32_record(reworded, error, advice_may_differ=True)
+    for broken, allowed in ((reworded, False), ({"error": error["error"].replace("0.12", "0.13")}, True),
+                            ({"error": "ValueError: needs 0.12 GiB, 0.0 GiB available."}, True)):
+        with pytest.raises(AssertionError):
+            assert_matches_the_0_32_record(broken, error, advice_may_differ=allowed)
+    assert_matches_the_0_32_record(edited(newer), plan)
+    assert_matches_the_0_32_record(edited(lambda config, spec: spec.pop("num_kv_heads")), plan)  # an older vLLM
+    for broken in (lambda c, s: (newer(c, s), c.update(num_blocks=321)),
+                   lambda c, s: (newer(c, s), s.update(block_size=32)),
+                   lambda c, s: (newer(c, s), s.pop("num_kv_heads")),
+                   lambda c, s: c.update(num_blocks=321)):
+        with pytest.raises(AssertionError):
+            assert_matches_the_0_32_record(edited(broken), plan)
 
 
 def test_the_record_is_vllm_0_32_s_and_plans_something(record):
@@ -199,6 +251,8 @@ def test_vllm_omnis_build_native_kv_cache_configs_gets_the_same_plan(utils, reco
 
     config, specs, memory = scenario("two_ranks_min_blocks")
     config.cache_config.kv_cache_layout = None  # vllm-omni resolves it itself
+    # the specs' block size, as an engine has it (the recorded default was 16 up to vLLM 0.33; 0.34's is 64)
+    config.cache_config.block_size = 16
     config.model_config = _DiffusionVllmModelConfig(model=None, dtype=torch.bfloat16, max_model_len=4096,
                                                     original_max_model_len=4096)
     assert not hasattr(config.model_config, stand_in.GROUPING_FLAG)

@@ -13,11 +13,19 @@ in place before vllm-omni is imported. The record holds:
   from a checkpoint written here as safetensors, once complete and once with stragglers (a fused projection
   missing a shard, a linear missing entirely), loaded by ``DiffusersPipelineLoader.load_model``
   (``load_weights`` then ``_process_weights_after_loading``) with online quant (the CPU double behind vLLM's
-  real layerwise machinery), then one forward: a digest of every parameter after loading and of the output.
+  real layerwise machinery), then one forward: a digest of every parameter after loading and of the output, each
+  parameter's dtype and shape (``layout``), and what of the stragglers' layers the checkpoint leaves unloaded
+  (``never_loaded``).
 
-Never-loaded straggler elements are whatever vLLM materializes them with; the loads run under torch's
-deterministic fill, so those bytes are the same in every run (NaN), and the digests compare them too. A
-straggler-free checkpoint keeps the forward's output finite and meaningful.
+Never-loaded straggler elements are whatever vLLM materializes them with: values the test does not control. The
+loads run under torch's deterministic fill, so within one vLLM they are the same in every run (NaN up to vLLM
+0.33), but vLLM 0.34's layerwise reload also processes a layer with nothing loaded (0.33 skipped it), so on 0.34
+the FP8 weight and scale of both stragglers' layers differ from the native record's, for every vllm-omni release
+alike, vllm-omni's own loader included. So the record says, per model, which parameters hold never-loaded elements
+(``never_loaded``: derived from what the written checkpoint leaves out, not from the load), and
+``model_differences`` holds those to being materialized with the right dtype and shape (and their loaded rows to
+the checkpoint), every other parameter bit for bit. A straggler-free checkpoint keeps the forward's output finite
+and meaningful: that output is compared; the stragglers' output, which reads never-loaded elements, is not.
 
 The native records (``matrix/native/vllm-omni-<version>.json``) are written by ``nox -s native`` in the cells
 marked ``native`` in ``matrix/vllm.toml``; ``tests/bridges/test_diffusion_path.py`` compares a cell's record
@@ -175,6 +183,74 @@ class CpuWorker:
             return DiffusersPipelineLoader(LoadConfig(), od_config=od).load_model(load_device=self.device.type)
 
 
+def _layout(tensor) -> str:
+    return f"{str(tensor.dtype).removeprefix('torch.')} {list(tensor.shape)}"
+
+
+def never_loaded_rows(arch: str, shapes: dict[str, tuple[int, ...]], dropped) -> dict[str, list[list[int]]]:
+    """model parameter -> the row ranges ([start, stop) of dim 0) the checkpoint does not hold, from what the test
+    left out of it: a dropped shard of a fused projection is its rows of the fused parameter (shards in the order
+    ``omni_models._FUSED`` gives, sized by ``shapes``), a dropped unfused tensor is all of its parameter."""
+    from tests.support import omni_models as om
+
+    rows: dict[str, list[list[int]]] = {}
+    for name in sorted(dropped):
+        for fused, shards in om._FUSED[arch]:
+            index = next((i for i, shard in enumerate(shards) if shard in name), None)
+            if index is not None:
+                param = name.replace(shards[index], fused)
+                sizes = [shapes[name.replace(shards[index], shard)][0] for shard in shards]
+                rows.setdefault(param, []).append([sum(sizes[:index]), sum(sizes[:index + 1])])
+                break
+        else:
+            rows[name] = [[0, shapes[name][0]]]
+    return {param: sorted(ranges) for param, ranges in rows.items()}
+
+
+def never_loaded_record(pipeline, arch: str, shapes: dict, dropped, checkpoint: Path) -> dict[str, dict]:
+    """Every parameter of a layer the checkpoint leaves (partly) unloaded -> what the test controls of it:
+
+    * ``rows``: its never-loaded rows (``[]``: fully loaded);
+    * ``processed``: not as loaded (a quantized weight, now FP8, and its scale, which no checkpoint holds): made
+      by the layer's processing from all of the layer's elements, never-loaded ones included (a per-tensor scale),
+      so none of its values is controlled;
+    * ``loaded_rows``: for an unprocessed one, whether its loaded rows equal the checkpoint's tensors bit for bit
+      (``"equal"`` / ``"differ"``; ``"none"`` when no row is loaded);
+    * ``layout`` (dtype and shape) and ``meta`` (still on ``meta``: not materialized).
+    """
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.support import omni_models as om
+
+    rows = never_loaded_rows(arch, shapes, dropped)
+    layers = {name.rsplit(".", 1)[0] for name in rows}
+    tensors = load_file(str(checkpoint / "transformer" / "diffusion_pytorch_model.safetensors")) if rows else {}
+    out: dict[str, dict] = {}
+    for name, param in pipeline.named_parameters():
+        if name.rsplit(".", 1)[0] not in layers:
+            continue
+        missing = rows.get(name, [])
+        fused = next(((f, shards) for f, shards in om._FUSED[arch] if f in name), None)
+        parts = [name.replace(fused[0], shard) for shard in fused[1]] if fused else [name]  # its checkpoint names
+        entry = {"rows": missing, "layout": _layout(param), "meta": bool(param.is_meta),
+                 "processed": not all(part in shapes for part in parts) or param.dtype != torch.bfloat16}
+        if not entry["processed"] and not param.is_meta:
+            keep = torch.ones(param.shape[0], dtype=torch.bool)
+            for start, stop in missing:
+                keep[start:stop] = False
+            expected = [tensors[part.removeprefix("transformer.")] for part in parts
+                        if part.removeprefix("transformer.") in tensors]
+            if not keep.any():
+                entry["loaded_rows"] = "none"
+            else:
+                got = param.detach().cpu()[keep]
+                same = bool(expected) and torch.equal(got.view(torch.int16), torch.cat(expected).view(torch.int16))
+                entry["loaded_rows"] = "equal" if same else "differ"
+        out[name] = entry
+    return out
+
+
 def model_records(workdir: Path) -> dict:
     """arch -> checkpoint kind -> digests of the loaded parameters and of one forward's output."""
     import torch
@@ -196,7 +272,7 @@ def model_records(workdir: Path) -> dict:
         records[arch] = {}
         for kind in CHECKPOINT_KINDS:
             checkpoint = workdir / arch / kind
-            om.write_checkpoint(checkpoint, arch, shapes, stragglers=kind == "stragglers")
+            written = om.write_checkpoint(checkpoint, arch, shapes, stragglers=kind == "stragglers")
             od = worker.od_config(arch, checkpoint, quant=cpu_fp8_online_config())
             record: dict = {}
             try:
@@ -208,10 +284,13 @@ def model_records(workdir: Path) -> dict:
             record["meta_left"] = sorted(n for n, p in pipeline.named_parameters() if p.is_meta)
             record["params"] = {n: _digest(p) for n, p in pipeline.named_parameters() if not p.is_meta}
             record["fp8_params"] = sum(p.dtype == torch.float8_e4m3fn for p in pipeline.parameters())
+            record["layout"] = {n: _layout(p) for n, p in pipeline.named_parameters()}
+            record["never_loaded"] = never_loaded_record(pipeline, arch, shapes, written["dropped"], checkpoint)
             try:
                 with worker.context(od):
                     out = om.forward(pipeline, arch, om.make_inputs(arch, worker.device)).float()
                 record["output"] = _digest(out)
+                record["output_shape"] = list(out.shape)
                 record["output_finite"] = bool(torch.isfinite(out).all())
                 record["output_abs_mean"] = float(out.abs().nan_to_num().mean())
             except Exception as exc:  # noqa: BLE001
@@ -282,10 +361,27 @@ def same_cpu(native: dict, cell: dict) -> bool:
     return native.get("cpu") == cell.get("cpu")
 
 
+def uncontrolled(record: dict) -> set[str]:
+    """The parameters of a model record whose values the test does not control: those with never-loaded rows, and
+    those a layer with never-loaded elements made by processing (see ``never_loaded_record``)."""
+    return {name for name, entry in record.get("never_loaded", {}).items() if entry["rows"] or entry["processed"]}
+
+
 def model_differences(native: dict, cell: dict) -> list[str]:
-    """What differs in the loaded models and their outputs, one line each ([] when equal): parameters bit for bit;
-    outputs bit for bit where both records come from the same CPU signature, else their abs mean within
-    ``OTHER_CPU_OUTPUT_RTOL`` (and finite alike)."""
+    """What differs in the loaded models and their outputs, one line each ([] when equal).
+
+    Parameters: bit for bit, except the ones holding never-loaded elements (``uncontrolled``; which ones comes from
+    the checkpoint the record wrote, what it left out, in either record). vLLM fills never-loaded elements with
+    whatever it materializes (NaN under the deterministic fill up to vLLM 0.33; from 0.34 its layerwise reload also
+    processes a layer with nothing loaded, so they differ), so for those: materialized (not ``meta``), the dtype and
+    shape this cell's complete checkpoint gives the same parameter (whose bits equal native), and the loaded rows
+    of an unprocessed one bit for bit equal to the checkpoint's tensors; a processed one (an FP8 weight, its
+    scale) is made from the whole layer, never-loaded elements included, and has no controlled value left.
+
+    Outputs: where a record has uncontrolled parameters (the stragglers checkpoint) the output depends on them, so
+    it is not compared; the forward must run as natively (``forward_error``) to an output of the shape the
+    complete checkpoint's forward gives. Elsewhere (the complete checkpoint) bit for bit where both records come
+    from the same CPU signature, else their abs mean within ``OTHER_CPU_OUTPUT_RTOL`` (and finite alike)."""
     import math
 
     if "worker_error" in cell:
@@ -295,16 +391,43 @@ def model_differences(native: dict, cell: dict) -> list[str]:
     for arch, kinds in native["models"].items():
         for kind, expected in kinds.items():
             got = cell.get("models", {}).get(arch, {}).get(kind, {})
+            complete = cell.get("models", {}).get(arch, {}).get("complete", {})
             where = f"{arch}/{kind}"
-            for key in ("load_error", "forward_error", "meta_left", "fp8_params", "output_finite"):
+            free = uncontrolled(expected) | uncontrolled(got)
+            if kind == "complete" and free:
+                diffs.append(f"{where}: never-loaded elements in the complete checkpoint: {sorted(free)}")
+            for key in ("load_error", "forward_error", "meta_left", "fp8_params"):
                 if got.get(key) != expected.get(key):
                     diffs.append(f"{where}: {key} {got.get(key)!r}, natively {expected.get(key)!r}")
             params = got.get("params", {})
-            changed = sorted(n for n, digest in expected.get("params", {}).items() if params.get(n) != digest)
+            changed = sorted(n for n, digest in expected.get("params", {}).items()
+                             if n not in free and params.get(n) != digest)
             extra = sorted(set(params) - set(expected.get("params", {})))
             if changed or extra:
                 diffs.append(f"{where}: {len(changed)} parameter(s) differ ({', '.join(changed[:3])}"
                              f"{', ...' if len(changed) > 3 else ''}), {len(extra)} extra")
+            for name in sorted(free):
+                entry = got.get("never_loaded", {}).get(name)
+                if entry is None:
+                    diffs.append(f"{where}: {name} holds never-loaded elements natively, not recorded here")
+                    continue
+                if entry["meta"] or name not in params:
+                    diffs.append(f"{where}: {name} never materialized (left on meta)")
+                if entry["layout"] != complete.get("layout", {}).get(name):
+                    diffs.append(f"{where}: {name} is {entry['layout']}, "
+                                 f"{complete.get('layout', {}).get(name)} from the complete checkpoint")
+                if entry.get("loaded_rows") == "differ":
+                    diffs.append(f"{where}: {name}'s loaded rows differ from the checkpoint's tensors")
+            if "output" not in got and "output" not in expected:
+                continue
+            if free:
+                if got.get("output_shape") != complete.get("output_shape"):
+                    diffs.append(f"{where}: forward output of shape {got.get('output_shape')}, "
+                                 f"{complete.get('output_shape')} from the complete checkpoint")
+                continue
+            if got.get("output_finite") != expected.get("output_finite"):
+                diffs.append(f"{where}: output_finite {got.get('output_finite')!r}, "
+                             f"natively {expected.get('output_finite')!r}")
             here, there = got.get("output_abs_mean"), expected.get("output_abs_mean")
             if bitwise_output and got.get("output") != expected.get("output"):
                 diffs.append(f"{where}: forward output differs (abs mean {here}, natively {there})")
