@@ -107,6 +107,7 @@ def test_check_agrees_with_the_matrix_cell(capsys, wheel_cache, cell):
         kind = "works_with_vllm_compat"
     else:
         kind = "works_natively"
+    kind = cell.get("verdict", kind)  # a cell's measured exception, with its reason in matrix/vllm.toml
     assert data["verdict"]["kind"] == kind and code == data["exit_code"] == (1 if kind == "will_not_start" else 0)
 
 

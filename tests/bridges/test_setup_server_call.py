@@ -28,6 +28,8 @@ needs_drift = pytest.mark.skipif(
     (Shape.REQUIRES_REUSE_PORT, Shape.FITS, Action.SKIPPED), (Shape.REQUIRES_REUSE_PORT, Shape.ABSENT, Action.SKIPPED),
     (Shape.ABSENT, Shape.ARGS_ONLY, Action.PENDING), (Shape.UNKNOWN, Shape.ARGS_ONLY, Action.REFUSED),
     (Shape.REQUIRES_REUSE_PORT, Shape.UNKNOWN, Action.REFUSED),
+    (Shape.UNKNOWN, Shape.ABSENT, Action.SKIPPED), (Shape.MISSING, Shape.ARGS_ONLY, Action.SKIPPED),
+    (Shape.MISSING, Shape.ABSENT, Action.SKIPPED),
 ])
 def test_decision_table(callee, caller, action):
     assert bridge.DRIFT_POINT.decide(SetupServerFacts(callee, caller), Controls()).action == action

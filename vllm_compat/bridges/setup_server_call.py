@@ -35,6 +35,7 @@ class Shape:
     REQUIRES_REUSE_PORT = "requires_reuse_port"  # setup_server(args, *, reuse_port) without a default
     FITS = "fits"  # the old call works (no reuse_port, or one with a default) / the caller passes reuse_port
     ARGS_ONLY = "args_only"  # the caller: setup_openai_server(args)
+    MISSING = "missing"  # vLLM's api_server.py defines no setup_server: vllm-omni's import of it fails first
     UNKNOWN = "unknown"
     ABSENT = "absent"
 
@@ -59,7 +60,7 @@ def callee_shape_from_source(source: str | None) -> tuple[str, str]:
                 return Shape.FITS, ""
             default = node.args.kw_defaults[names.index("reuse_port")]
             return (Shape.REQUIRES_REUSE_PORT if default is None else Shape.FITS), ""
-    return Shape.UNKNOWN, f"{CALLEE_FILE} defines no {CALLEE}"
+    return Shape.MISSING, f"{CALLEE_FILE} defines no {CALLEE}"
 
 
 def callee_shape_from_function(function) -> tuple[str, str]:
@@ -107,12 +108,17 @@ class SetupServerCall(DriftPoint):
         return self._facts(callee, caller_shape_from_source(bridges.installed_omni_tree().read(CALLER_FILE)))
 
     def decide(self, facts: SetupServerFacts, controls=None):
-        if Shape.UNKNOWN in (facts.callee, facts.caller):
-            return self.refused(f"the shapes are not the measured ones ({facts.detail})")
+        # The caller first: where no installed vllm-omni binds setup_openai_server, vLLM's shape does not matter
+        # (vllm-omni >= 0.26 does not), and an unrecognized shape there is no reason to refuse.
         if facts.callee == Shape.ABSENT:
             return self.decision(Action.PENDING, "vLLM is not installed; decided when vllm-omni's server is imported")
-        if facts.caller != Shape.ARGS_ONLY:
+        if facts.caller in (Shape.ABSENT, Shape.FITS):
             return self.decision(Action.SKIPPED, "no installed vllm-omni calls setup_openai_server(args) alone")
+        if facts.callee == Shape.MISSING:
+            return self.decision(Action.SKIPPED, f"this vLLM's {CALLEE_FILE} defines no {CALLEE}: vllm-omni's server "
+                                 "stops at importing it (the entrypoint check reports that), not at the call")
+        if Shape.UNKNOWN in (facts.callee, facts.caller):
+            return self.refused(f"the shapes are not the measured ones ({facts.detail})")
         if facts.callee != Shape.REQUIRES_REUSE_PORT:
             return self.decision(Action.SKIPPED, f"vLLM's {CALLEE} takes vllm-omni's call as it is")
         return self.decision(Action.PATCHED, f"vLLM's {CALLEE} requires reuse_port (since 0.25) and vllm-omni calls "
