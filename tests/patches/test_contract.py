@@ -73,6 +73,14 @@ def imported_meanwhile(old, new):
     return old is None and isinstance(new, types.ModuleType) and not is_ours(new)
 
 
+def alias_attribute_dropped(owner, name, old, new):
+    # the parent attribute an alias import had set (vLLM 0.33: vllm.entrypoints.chat_utils is vLLM's
+    # vllm.renderers.chat_utils, through the moved_names finder): revert() takes it off with the alias, and apply()
+    # leaves it to the next import of the old path to set again; vLLM's module object itself is untouched
+    return (new is None and isinstance(old, types.ModuleType) and not is_ours(old)
+            and old.__name__ != f"{owner.__name__}.{name}")
+
+
 snapshots = {}
 for entry in CATALOGUE:
     module = sys.modules.get(entry.target_module)
@@ -94,7 +102,8 @@ for entry_id, (owner, before) in snapshots.items():
     # what is not ours is the very same object; what is ours is this entry's again (a wrapper around the same)
     out[entry_id]["reapplied_other"] = sorted(
         k for k in set(before) | set(now) if not k.startswith("__") and before.get(k) is not now.get(k)
-        and not same_install(before.get(k), now.get(k)) and not imported_meanwhile(before.get(k), now.get(k)))
+        and not same_install(before.get(k), now.get(k)) and not imported_meanwhile(before.get(k), now.get(k))
+        and not alias_attribute_dropped(owner, k, before.get(k), now.get(k)))
 vllm_compat.revert()
 print("RESULT" + json.dumps(out))
 """
