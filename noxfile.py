@@ -283,7 +283,9 @@ def matrix(session: nox.Session) -> None:
     _run_matrix(session, [c for c in CELLS if not wanted or c["id"] in wanted], "nox -s matrix")
 
 
-ROTATING_CELLS = [c for c in CELLS if not c.get("default")]
+# `rotation = false`: a cell listed (nox -l, the GitHub workflow) whose whole suite has not passed here yet; CI's
+# rotation leaves it out until a run confirms it (matrix/vllm.toml says why per cell).
+ROTATING_CELLS = [c for c in CELLS if not c.get("default") and c.get("rotation", True)]
 
 
 def _rotation_module():
