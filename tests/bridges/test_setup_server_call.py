@@ -6,6 +6,7 @@ whole server through it."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -19,8 +20,10 @@ from vllm_compat.detect.static import StaticSite
 
 STATIC = bridge.DRIFT_POINT.detect_static(StaticSite.installed())
 needs_drift = pytest.mark.skipif(
-    (STATIC.callee, STATIC.caller) != (Shape.REQUIRES_REUSE_PORT, Shape.ARGS_ONLY),
-    reason=f"needs vLLM 0.25+'s setup_server(args, *, reuse_port) and vllm-omni 0.24.0's call; here {STATIC}")
+    (STATIC.callee, STATIC.caller) != (Shape.REQUIRES_REUSE_PORT, Shape.ARGS_ONLY)
+    or any(importlib.util.find_spec(m) is None for m in ("torchvision", "torchaudio")),
+    reason=f"needs vLLM 0.25+'s setup_server(args, *, reuse_port), vllm-omni 0.24.0's call and torchvision / "
+    f"torchaudio (vllm-omni's server imports them); here {STATIC}")
 
 
 @pytest.mark.parametrize(("callee", "caller", "action"), [
