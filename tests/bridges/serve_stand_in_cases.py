@@ -6,6 +6,8 @@ bridge (``cases(bridge_module)``)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import sys
 
@@ -50,8 +52,6 @@ def cases(bridge, probe: str = SERVER) -> dict:
         reason=f"needs a vLLM without {point.old_module} (0.25+) where the bridge acts, with a vllm-omni that "
         f"imports it (0.24.0); here: vLLM {host} it, importers {list(importers) or 'none'}")
     if probe == SERVER and host == HostKind.LACKS:
-        import importlib.util
-
         # vllm-omni's server imports torchvision and torchaudio, which CPU-torch cells uninstall
         stops = serve_stops_elsewhere() + [m for m in ("torchvision", "torchaudio") if importlib.util.find_spec(m) is None]
         needs_missing = pytest.mark.skipif(
