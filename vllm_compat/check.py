@@ -192,7 +192,7 @@ def run(vllm: CheckInput, omni: CheckInput) -> CheckResult:
     static = SiteFacts("static", site.versions, {entry.id: facts for entry, facts, _ in planned})
     # A fresh install of vllm_compat puts the startup hook in place, so bridges act before `import vllm_omni`.
     report = Report(mode="static", static=static, patches=decisions, _import_drift=site.import_drift,
-                    startup_hook=True)
+                    judge_packages=False, startup_hook=True)
     # Install conflicts from both wheels' Requires-Dist (the index is asked only when an input came from it).
     from .dependency_drift import check_dependency_drift
 

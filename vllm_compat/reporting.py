@@ -20,6 +20,10 @@ class Report:
     # ``...`` means the installed pair, computed on first use (~1 s) so header_line() stays cheap; a callable is
     # called on first use for it; None when vllm-omni or vLLM is absent.
     _import_drift: object = field(default=..., repr=False)
+    # Whether what each entrypoint imports from other distributions must be installed here: the doctor's installed
+    # pair; ``check`` reads wheels, whose installs bring their requirements.
+    judge_packages: bool = True
+    _packages_judged: bool = field(default=False, repr=False)
     # Whether bridges are in place before ``import vllm_omni`` (the startup .pth); None: ask this environment.
     startup_hook: bool | None = None
     # Install conflicts of the pair (dependency_drift.DependencyDrift): a callable is called on first use (the
@@ -44,6 +48,8 @@ class Report:
             self._import_drift = self._import_drift()
         if self._import_drift is None:
             return None
+        if self.judge_packages and not self._packages_judged:
+            self._import_drift, self._packages_judged = self._import_drift.judged_installed(), True
         from .bridges import provided_by_decisions
 
         if self.startup_hook is None:
@@ -161,8 +167,7 @@ class Report:
         if stopped:
             started = [st for st in drift.statuses if st.starts]
             patched = [d.name for d in self.patches if d.action == "patched"]
-            text = "WILL NOT START: " + "; ".join(
-                f"{st.label} ({', '.join(st.missing)} missing, no bridge in vllm_compat)" for st in stopped) + "."
+            text = "WILL NOT START: " + "; ".join(f"{st.label} ({_why_stopped(st)})" for st in stopped) + "."
             if started:
                 helped = any(st.status == "works_with_vllm_compat" for st in started) or patched
                 text += (f" {_sentence(_join(st.label for st in started))} "
@@ -190,6 +195,14 @@ class Report:
         if started:
             return Verdict("works_natively", 0, f"WORKS NATIVELY: {details[0]}; nothing needs patching.")
         return Verdict("works_natively", 0, "WORKS NATIVELY: nothing needs patching (or nothing is installed yet).")
+
+
+def _why_stopped(status) -> str:
+    """What stops one entrypoint: packages this env lacks, then vLLM names no bridge provides."""
+    parts = [f"{', '.join(status.not_installed)} not installed here"] if status.not_installed else []
+    if status.missing_in_vllm:
+        parts.append(f"{', '.join(status.missing_in_vllm)} missing, no bridge in vllm_compat")
+    return "; ".join(parts)
 
 
 def _join(labels) -> str:
@@ -256,8 +269,8 @@ def render_entrypoints(drift, indent: str = "    ") -> list[str]:
         first = {}
         for u in drift.still_stopping(st.id):
             first.setdefault(u.target, u)
-        lines += [f"{indent}  still stops it: {name} (in {first[name].importer}:{first[name].line})"
-                  for name in sorted(first)]
+        lines += [f"{indent}  still stops it: {name} (in {first[name].importer}:{first[name].line}"
+                  + ("; not installed here)" if name in st.not_installed else ")") for name in sorted(first)]
     return lines
 
 

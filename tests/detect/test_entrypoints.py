@@ -91,7 +91,7 @@ def test_verdict_names_what_will_not_start_and_what_starts(drift):
     assert "offline API" in start and "serve" not in start  # what starts is named after what does not
     data = report.to_dict()["import_drift"]["entrypoints"]
     assert data["serve"] == {"label": "`vllm serve --omni`", "status": "will_not_start", "missing": [LAUNCHER],
-                             "bridged": [], "roots": list(ENTRYPOINTS["vllm_omni"][1].roots)}
+                             "bridged": [], "roots": list(ENTRYPOINTS["vllm_omni"][1].roots), "not_installed": []}
     assert data["offline"]["status"] == "works"
     table = report.render_table()
     assert "`vllm serve --omni`" in table and "WILL NOT START" in table
@@ -134,28 +134,52 @@ def test_a_package_that_does_not_import_stops_every_entrypoint(tmp_path):
     assert "vllm-omni will not import" in _report(drift).verdict().text
 
 
+def test_the_doctor_judges_what_an_entrypoint_imports_from_other_distributions(tmp_path):
+    """The server's module-level import of a package this env lacks (torchaudio in a CPU-torch env) stops it in the
+    doctor's verdict; an indented (possibly guarded) import, the standard library and vLLM itself do not count, and
+    ``check`` (wheels: judge_packages=False) does not judge the env it runs in."""
+    files = {**OMNI, "vllm_omni/entrypoints/openai/api_server.py": textwrap.dedent("""\
+        import os, json as _json
+        import absentpkg.io
+        from vllm.v1.gone import Kept
+        try:
+            import guardedpkg
+        except ImportError:
+            guardedpkg = None
+        def later():
+            import lazypkg
+        """)}
+    drift = check_import_drift(_tree(tmp_path / "omni", files), _tree(tmp_path / "host", HOST))
+    serve = drift.entrypoint("serve")
+    assert [(p.module, p.importer, p.line) for p in serve.packages] == [
+        ("absentpkg", "vllm_omni.entrypoints.openai.api_server", 2)]
+    installed = {"guardedpkg", "lazypkg"}  # absentpkg is not: as torchaudio in a CPU-torch env
+    judged = drift.judged_installed(lambda package: package in installed)
+    statuses = {s.id: s for s in judged.statuses}
+    assert statuses["serve"].status == "will_not_start" and statuses["serve"].not_installed == ("absentpkg",)
+    assert statuses["offline"].status == "works"
+    assert {s.id: s.status for s in drift.judged_installed(lambda package: True).statuses}["serve"] == "works"
+    doctor = Report(mode="static", static=detect_static(), patches=[], _import_drift=judged, startup_hook=True)
+    assert "`vllm serve --omni` (absentpkg not installed here)" in doctor.verdict().text
+    assert "absentpkg (in vllm_omni.entrypoints.openai.api_server:2; not installed here)" in doctor.render_table()
+    check = Report(mode="static", static=detect_static(), patches=[], _import_drift=drift, startup_hook=True,
+                   judge_packages=False)
+    assert {s.id: s.status for s in check.import_drift.statuses}["serve"] == "works"
+
+
 # ------------------------------------------------------------------------------ the installed pair, for real
-
-def _has_serving_dependencies() -> bool:
-    import importlib.util
-
-    return all(importlib.util.find_spec(name) is not None for name in ("torchvision", "torchaudio"))
-
 
 @pytest.mark.parametrize("entrypoint", [e.id for e in ENTRYPOINTS["vllm_omni"]])
 def test_static_status_agrees_with_importing_the_roots(entrypoint):
     """The doctor's static status of an entrypoint <=> importing its roots in a fresh interpreter of this env (as
     a user runs it: vllm_compat's startup hook in place) works: a verdict never more optimistic than the env, nor
-    less. Where it fails, Python names one of the missing names the static check lists. Needs an env built with
-    vLLM's pinned torch (the serving chain imports torchvision and torchaudio, which CPU-torch envs lack: there the
-    real import stops on them, a dependency the static check does not judge)."""
+    less. Where it fails, Python names one of the missing names the static check lists: in a CPU-torch env that is
+    torchvision or torchaudio for the server, which the doctor judges against the env (``judged_installed``)."""
     from conftest import OMNI_VERSION, VLLM_VERSION, run_python
     from vllm_compat import report
 
     if VLLM_VERSION is None or OMNI_VERSION is None:
         pytest.skip("needs vLLM and vllm-omni installed (any versions)")
-    if not _has_serving_dependencies():
-        pytest.skip("torchvision / torchaudio are not installed (a CPU-torch env): the real import stops on them")
     drift = report().import_drift
     status = next(s for s in drift.statuses if s.id == entrypoint)
     if status.status == "absent":

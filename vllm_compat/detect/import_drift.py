@@ -30,6 +30,7 @@ from .source_scan import plugin_imports  # noqa: F401 - the plugin-side reader, 
 from .source_tree import SourceTree, tree_of
 
 HOST = "vllm"
+PACKAGE_NOT_INSTALLED = "package not installed"  # an ``UnresolvedImport``'s reason for another distribution
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class EntrypointDrift:
     label: str  # what the verdict calls it
     roots: tuple[str, ...]  # the entrypoint's roots this tree ships; () when it ships none (absent)
     blocking: tuple[UnresolvedImport, ...] = ()  # unresolved imports the roots reach, bridged or not
+    # the other distributions' packages the roots reach through unguarded module-level imports (one record a
+    # package, its first importer; reason "package not installed"): judged only where the env is the installed one
+    packages: tuple[UnresolvedImport, ...] = ()
 
     @property
     def blocking_names(self) -> list[str]:
@@ -76,6 +80,11 @@ class EntrypointStatus:
     roots: tuple[str, ...]
     missing: tuple[str, ...] = ()  # still stops it
     bridged: tuple[str, ...] = ()  # missing in vLLM, provided by a vllm_compat bridge before it is imported
+    not_installed: tuple[str, ...] = ()  # the packages among ``missing``: other distributions absent here
+
+    @property
+    def missing_in_vllm(self) -> tuple[str, ...]:
+        return tuple(n for n in self.missing if n not in self.not_installed)
 
     @property
     def starts(self) -> bool:
@@ -83,7 +92,7 @@ class EntrypointStatus:
 
     def to_dict(self) -> dict:
         return {"label": self.label, "status": self.status, "roots": list(self.roots), "missing": list(self.missing),
-                "bridged": list(self.bridged)}
+                "bridged": list(self.bridged), "not_installed": list(self.not_installed)}
 
 
 @dataclass(frozen=True)
@@ -149,7 +158,8 @@ class ImportDrift:
             bridged = tuple(n for n in names if self.is_bridged_in_time(n))
             status = ("absent" if not e.roots else "will_not_start" if missing
                       else "works_with_vllm_compat" if bridged else "works")
-            found.append(EntrypointStatus(e.id, e.label, status, e.roots, missing, bridged))
+            not_installed = tuple(sorted({u.module for u in e.blocking if u.reason == PACKAGE_NOT_INSTALLED}))
+            found.append(EntrypointStatus(e.id, e.label, status, e.roots, missing, bridged, not_installed))
         return tuple(found)
 
     @property
@@ -195,6 +205,21 @@ class ImportDrift:
     def worker_ok(self) -> bool:
         """False when the plugin imports but its diffusion stage is bound to fail (unbridged names)."""
         return not self.still_worker_blocking
+
+    def judged_installed(self, is_installed=None) -> ImportDrift:
+        """This drift with each entrypoint's packages that are not installed here (``is_installed(package)``,
+        default ``importlib.util.find_spec``) counted among what stops it: vllm-omni's server imports torchvision
+        and torchaudio, which an env built on CPU torch lacks. For the installed pair only (doctor): ``check``
+        reads wheels, whose installs bring their requirements."""
+        if is_installed is None:
+            import importlib.util
+
+            def is_installed(package: str) -> bool:
+                return importlib.util.find_spec(package) is not None
+
+        return dataclasses.replace(self, entrypoints=tuple(
+            dataclasses.replace(e, blocking=e.blocking + tuple(p for p in e.packages if not is_installed(p.module)))
+            for e in self.entrypoints))
 
     def with_bridges(self, provided: dict[str, str], early: bool) -> ImportDrift:
         """This drift with ``provided`` ({target: entry id}, what the decided bridges provide) matched against
@@ -279,8 +304,10 @@ def check_import_drift(plugin_tree: SourceTree, host_tree: SourceTree, plugin: s
     for entrypoint in entrypoints_of(plugin):
         roots = tuple(root for root in entrypoint.roots if root in graph.modules)
         reach = set().union(*(graph.reached(root) for root in roots))
+        packages = tuple(UnresolvedImport(importer, line, package, None, PACKAGE_NOT_INSTALLED)
+                         for package, (importer, line) in graph.packages_needed(plugin_tree, reach).items())
         entrypoints.append(EntrypointDrift(entrypoint.id, entrypoint.label, roots,
-                                           tuple(u for u in unresolved if u.importer in reach)))
+                                           tuple(u for u in unresolved if u.importer in reach), packages))
     return ImportDrift(plugin=plugin, files=len(graph.modules), checked=checked, unknown=unknown,
                        unresolved=tuple(unresolved),
                        blocking=tuple(u for u in unresolved if u.importer in package_reach),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .source_scan import plugin_imports
+from .source_scan import plugin_imports, unguarded_packages
 from .source_tree import SourceTree
 
 
@@ -33,12 +33,26 @@ class PluginGraph:
 
     plugin: str
     modules: dict[str, str]
+    host: str = "vllm"
     edges: dict[str, set[str]] = field(default_factory=dict)
     host_imports: list[HostImport] = field(default_factory=list)
 
     def reached(self, root: str) -> set[str]:
         """What ``import root`` executes (see the module docstring); empty when ``root`` is not a module here."""
         return reached(root, self.modules, self.edges)
+
+    def packages_needed(self, tree: SourceTree, modules: set[str]) -> dict[str, tuple[str, int]]:
+        """``{package: (first importer, line)}``: the top-level packages of other distributions (not the standard
+        library, the plugin or the host) that ``modules`` import unguarded at module level, sorted by name."""
+        import sys
+
+        found: dict[str, tuple[str, int]] = {}
+        for module in sorted(modules):
+            for line, package in unguarded_packages(tree.read(self.modules[module]) or ""):
+                if package not in sys.stdlib_module_names and package not in (self.plugin, "__future__") \
+                        and not is_under(package, self.host):
+                    found.setdefault(package, (module, line))
+        return dict(sorted(found.items()))
 
 
 def is_under(module: str | None, package: str) -> bool:
@@ -68,7 +82,7 @@ def plugin_graph(tree: SourceTree, plugin: str, host: str) -> PluginGraph:
     """The ``PluginGraph`` of ``plugin`` in ``tree``, with its imports of the ``host`` package."""
     files = tree.walk_py(plugin)
     graph = PluginGraph(plugin, {relpath[:-3].replace("/", ".").removesuffix(".__init__"): relpath
-                                 for relpath in files})
+                                 for relpath in files}, host)
     for importer, relpath in graph.modules.items():
         package = importer if relpath.endswith("__init__.py") else importer.rpartition(".")[0]
         targets = graph.edges.setdefault(importer, set())

@@ -333,3 +333,26 @@ def plugin_imports(tree: SourceTree, relpath: str, plugin: str):
             continue
         lineno = text.count("\n", 0, start) + 1
         yield (lineno, *parsed, context)
+
+
+_COLUMN0_IMPORT = re.compile(r"^(?:from[ \t]+([A-Za-z_]\w*)[\w.]*[ \t]+import\b|import[ \t]+([^\n#;]+))", re.M)
+
+
+def unguarded_packages(text: str) -> list[tuple[int, str]]:
+    """``(line, top-level package)`` for each absolute import at column 0 of a module's text: what importing the
+    module needs installed, with no ``try`` / ``if`` around it (an indented import may be guarded; it is left
+    out, so the list errs towards "needs less")."""
+    spans = _string_spans(text)
+    found = []
+    for match in _COLUMN0_IMPORT.finditer(text):
+        if _in_string(spans, match.start()):
+            continue
+        line = text.count("\n", 0, match.start()) + 1
+        if match.group(1):
+            found.append((line, match.group(1)))
+            continue
+        for part in match.group(2).replace("\\", " ").split(","):
+            name = part.split()[0] if part.split() else ""
+            if name and name[0] not in "(.":
+                found.append((line, name.split(".")[0]))
+    return found
