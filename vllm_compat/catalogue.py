@@ -89,6 +89,9 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry("multimodal_processing_info", "stand-in", _B + "multimodal_processing_info",
           "vllm.multimodal.processing.processor", "MultiModalProcessingInfo"),
     Entry("kv_cache_configs", "stand-in", _B + "kv_cache_configs", "vllm.v1.core.kv_cache_utils", "get_kv_cache_configs"),
+    # before moved_names: on vLLM 0.32+ its target module is moved_names' alias, which revert() takes out of sys.modules
+    Entry("history_tool_calls_cnt", "stand-in", _B + "history_tool_calls_cnt", "vllm.entrypoints.chat_utils",
+          "get_history_tool_calls_cnt"),
     Entry("moved_names", "alias", _B + "moved_names", "vllm.env_override", "<alias table>"),
     Entry("v1_block_table", "stand-in", _B + "v1_block_table", "vllm.v1.worker", "block_table"),
     Entry("v1_sampling_metadata", "stand-in", _B + "v1_sampling_metadata", "vllm.v1.sample", "metadata"),

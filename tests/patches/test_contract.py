@@ -81,6 +81,12 @@ def alias_attribute_dropped(owner, name, old, new):
             and old.__name__ != f"{owner.__name__}.{name}")
 
 
+def lazy_loaded(old, new):
+    # vLLM's LazyLoader (vllm.entrypoints.chat_utils' `transformers` on vLLM <= 0.31) puts the real module in its
+    # place in the module's globals when an attribute is first read, as is_ours() above reads one: not an install
+    return type(old).__name__ == "LazyLoader" and isinstance(new, types.ModuleType) and not is_ours(new)
+
+
 snapshots = {}
 for entry in CATALOGUE:
     module = sys.modules.get(entry.target_module)
@@ -103,7 +109,8 @@ for entry_id, (owner, before) in snapshots.items():
     out[entry_id]["reapplied_other"] = sorted(
         k for k in set(before) | set(now) if not k.startswith("__") and before.get(k) is not now.get(k)
         and not same_install(before.get(k), now.get(k)) and not imported_meanwhile(before.get(k), now.get(k))
-        and not alias_attribute_dropped(owner, k, before.get(k), now.get(k)))
+        and not alias_attribute_dropped(owner, k, before.get(k), now.get(k))
+        and not lazy_loaded(before.get(k), now.get(k)))
 vllm_compat.revert()
 print("RESULT" + json.dumps(out))
 """
