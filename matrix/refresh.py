@@ -43,10 +43,11 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = ROOT / "matrix" / "vllm.toml"
-# A measurement is reused while the wheels and the code that measured it are the same.
+# A measurement is reused while the wheels and the code that measured it are the same: the whole package (every
+# drift point's facts and decision are measured, the loader package's among them) and this script.
 ANALYSIS_DIGEST = hashlib.sha256(b"".join(
-    path.read_bytes() for path in sorted((ROOT / "vllm_compat" / "detect").glob("*.py"))
-    + [ROOT / "vllm_compat" / "entrypoints.py", Path(__file__)]
+    path.read_bytes() for path in sorted((ROOT / "vllm_compat").rglob("*.py")) + [Path(__file__)]
+    if "__pycache__" not in path.parts
 )).hexdigest()[:12]
 
 
@@ -70,9 +71,9 @@ def download(distribution: str, version: str, into: Path) -> Path:
 
 def measure(vllm_wheel: Path, omni_wheel: Path | None, vllm: str, omni: str | None) -> dict:
     from vllm_compat.config import read_controls
+    from vllm_compat.decide import plan
     from vllm_compat.detect.import_drift import check_import_drift
     from vllm_compat.detect.static import SourceTree, StaticSite
-    from vllm_compat.patches import plan
 
     vllm_tree = SourceTree(vllm_wheel)
     omni_tree = SourceTree(omni_wheel) if omni_wheel else SourceTree(Path("/nonexistent-vllm-compat-root"))
