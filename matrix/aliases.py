@@ -48,7 +48,9 @@ from vllm_compat.detect.static import SourceTree  # noqa: E402
 TABLE = ROOT / "vllm_compat" / "bridges" / "_alias_table.py"
 REVIEWS = ROOT / "matrix" / "alias_reviews.toml"
 MATRIX = ROOT / "matrix" / "vllm.toml"
-BASES = {"0.24.0": "0.24.0", "0.30.0": "0.30.0"}  # vllm-omni release -> the vLLM it was built and tested against
+BASES = {"0.24.0": "0.24.0", "0.26.0": "0.26.0", "0.28.0": "0.28.0", "0.30.0": "0.30.0"}
+# vllm-omni release -> the vLLM it was built and tested against: no vllm-omni wheel pins vllm (Requires-Dist), each
+# release is "aligned with the vLLM 0.N release line" (its README, in the wheel METADATA), matrix/vllm.toml's native pair.
 NEAR = 0.6  # below this a same-named definition is another thing, not an edited one
 RENAME_MIN = 400  # a renamed definition counts only when its normalized source is at least this long (unique)
 # The diffusion path: what a diffusion deployment of vllm-omni imports (package import, loader, configs, DiT
