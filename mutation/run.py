@@ -37,7 +37,7 @@ MODULES = ["vllm_compat/decide.py", "vllm_compat/drift.py", "vllm_compat/bridges
 # Generated data and the routing table: no logic to mutate.
 NOT_MUTATED = ["vllm_compat/bridges/_alias_table.py", "vllm_compat/catalogue.py", "vllm_compat/patches/catalogue.py"]
 # The tests of those modules that run in the pytest process (mutmut learns a mutant's tests there).
-TESTS = ["tests/test_decide.py", "tests/bridges/test_input_preprocessor.py", "tests/bridges/test_moved_names.py",
+TESTS = ["tests/test_decide.py", "tests/test_drift.py", "tests/bridges/test_input_preprocessor.py", "tests/bridges/test_moved_names.py",
          "tests/bridges/test_routed_experts_lists.py", "tests/patches/test_hsdp_load_order.py",
          "tests/bridges/test_input_preprocessor_prompts.py", "tests/bridges/test_stand_in_refusal.py",
          "tests/patches/test_hsdp_process_once.py", "tests/bridges/test_moved_names_targets.py",

@@ -68,3 +68,52 @@ def test_real_environment_decision_is_explained():
     decision = decide(REAL)
     assert decision.action in {Action.PATCHED, Action.SKIPPED, Action.PENDING}
     assert decision.reason
+
+
+# ---- the shared layer: Decision's report shape, the shared controls, plan ----
+
+def test_decision_dict_has_provides_only_where_an_entry_names_some():
+    from vllm_compat.decide import Decision
+
+    plain = Decision("e", "m.n", Action.PATCHED, None, "why")
+    assert plain.to_dict() == {"name": "e", "target": "m.n", "action": "patched", "variant": None, "reason": "why"}
+    aliased = Decision("e", "m.n", Action.PATCHED, "v", "why", ("a.b", "c.d"))
+    assert aliased.to_dict() == {"name": "e", "target": "m.n", "action": "patched", "variant": "v", "reason": "why",
+                                 "provides": ["a.b", "c.d"]}
+
+
+def test_the_shared_controls_come_first_and_say_which_switch():
+    from vllm_compat.decide import DISABLED_REASON, disabled_decision
+
+    assert disabled_decision(LOADER, Controls()) is None
+    assert disabled_decision(LOADER, Controls(disabled_patches=frozenset({"another_entry"}))) is None
+    everything = disabled_decision(LOADER, Controls(disabled=True))
+    assert (everything.action, everything.reason) == (Action.DISABLED, DISABLED_REASON)
+    assert "VLLM_COMPAT_DISABLE" in DISABLED_REASON
+    listed = disabled_decision(LOADER, Controls(disabled_patches=frozenset({LOADER.id})))
+    assert listed.action == Action.DISABLED and listed.name == LOADER.id
+    assert LOADER.id in listed.reason and "VLLM_COMPAT_DISABLE_PATCHES" in listed.reason
+
+
+def test_plan_detects_every_entry_through_the_site_and_saves_once():
+    from vllm_compat.catalogue import CATALOGUE
+    from vllm_compat.decide import plan
+
+    class RecordingSite:
+        def __init__(self):
+            self.asked, self.saved = [], 0
+
+        def facts(self, entry_id, detect):
+            self.asked.append((entry_id, detect))
+            return ("facts of", entry_id)
+
+        def save(self):
+            self.saved += 1
+
+    site = RecordingSite()
+    planned = plan(site, Controls(disabled=True))  # every decision is "disabled": the facts are not read
+    assert [e.id for e, _, _ in planned] == [e.id for e in CATALOGUE]
+    assert [a[0] for a in site.asked] == [e.id for e in CATALOGUE] and site.saved == 1
+    for (entry_, facts, decision), (_, detect) in zip(planned, site.asked, strict=True):
+        assert detect == entry_.point.detect_static, entry_.id
+        assert facts == ("facts of", entry_.id) and decision.action == Action.DISABLED
