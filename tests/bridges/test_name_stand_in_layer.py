@@ -81,7 +81,7 @@ def test_the_name_is_the_catalogue_target():
 
 def test_a_stand_in_without_build_says_so():
     bare = _probe(ZMQ, build=NameStandIn.build)
-    with pytest.raises(NotImplementedError, match="must define build"):
+    with pytest.raises(NotImplementedError, match="^ProbeEngineZmqAddressesStandIn must define build"):
         bare.build(_scratch(ZMQ))
     with pytest.raises(NotImplementedError):
         FunctionStandIn.replacement_from_files(ZMQ, None)
@@ -125,6 +125,28 @@ def test_prepare_refuses_a_name_it_did_not_put_there_and_leaves_it(entry):
             point.prepare(owner, StandInFacts(HostKind.DEFINES, ()))
         assert vars(owner)[point.name] is there and not is_ours(there, point.id)
         assert point.uninstall(owner) is False and vars(owner)[point.name] is there
+
+
+def test_prepare_and_install_build_on_the_owner_and_keep_what_is_there():
+    """With a ``build`` that makes a new object per call (as multimodal_processing_info's does): ``prepare`` hands
+    back the one of ours already in place, ``install`` binds the prepared state (not a new build), and each build
+    is asked with the owner."""
+    built_for = []
+
+    def build(self, owner):
+        built_for.append(owner)
+        return types.SimpleNamespace(built=len(built_for))
+
+    point = _probe(next(e.point for e in PLAIN if e.id == "routed_experts_lists"), build=build)
+    owner = _scratch(point)
+    facts = StandInFacts(HostKind.LACKS, ("m:1 (module)",))
+    state = point.prepare(owner, facts)
+    assert built_for == [owner] and state.built == 1
+    assert point.install(owner, point.decide(facts), state) is True and vars(owner)[point.name] is state
+    assert point.prepare(owner, facts) is state and built_for == [owner]  # nothing new built
+    assert point.uninstall(owner) is True
+    assert point.install(owner, point.decide(facts), None) is True
+    assert built_for == [owner, owner] and vars(owner)[point.name].built == 2
 
 
 def test_uninstall_leaves_another_entry_s_object():
@@ -301,6 +323,20 @@ def test_a_call_the_stand_in_does_not_take_makes_the_callers_unknown(tmp_path, c
         assert ":7:" not in detail  # the call that fits is not named
 
 
+def test_every_importer_file_is_read_and_every_call_named(tmp_path):
+    """Two importer files, the first absent from the tree; calls with two keywords and two calls it does not take."""
+    first, second = "vllm_omni/absent.py", ZMQ.importers[0]
+    probe = _probe(ZMQ, importers=(first, second))
+    body = CALLER.replace("get(config, num_api_servers=n)", "get(vllm_config=config, num_api_servers=n)")
+    body = body.replace("    return a, b, c", "    d = get(*config)\n    e = get(config, 1, 2)\n    return a, b, c, d, e")
+    shape, calls, detail = probe.callers(_omni_tree(tmp_path, {second: body}))
+    module = second[:-3].replace("/", ".")
+    assert calls == (f"{module}:6: 1 positional", f"{module}:7: 0 positional, keywords vllm_config, num_api_servers",
+                     f"{module}:9: 1 positional", f"{module}:10: 3 positional")
+    assert shape == Shape.UNKNOWN
+    assert f"({module}:9: 1 positional; {module}:10: 3 positional; it takes vllm_config, num_api_servers)" in detail
+
+
 def test_no_importer_file_means_no_calls(tmp_path):
     assert ZMQ.callers(_omni_tree(tmp_path, {"vllm_omni/__init__.py": ""})) == (Shape.KNOWN, (), "")
 
@@ -414,7 +450,7 @@ def _facts(host=HostKind.LACKS, importers=("m:1 (module)",), replacement=Shape.K
 @pytest.mark.parametrize("point", [ZMQ, KV], ids=["zmq", "kv"])
 def test_the_decision_over_shapes(point):
     patched = point.decide(_facts())
-    assert patched.action == PATCHED and patched.name == point.id
+    assert patched.action == PATCHED and patched.name == point.id and f"lacks {point.target_path} (" in patched.reason
     assert patched.reason.endswith(f", over vLLM's {point.built_on}") and f"removed in {point.removed_in}" in patched.reason
     assert "m:1 (module)" in patched.reason
     for unknown in (_facts(replacement=Shape.UNKNOWN, detail="why A"), _facts(callers=Shape.UNKNOWN, detail="why A"),
@@ -466,7 +502,7 @@ def test_compare_names_each_difference():
     assert len(calls) == 1 and "m:2: 1 positional" in calls[0] and "m:3: 2 positional" in calls[0] and ZMQ.name in calls[0]
     host = ZMQ.compare(_facts(host=HostKind.DEFINES, replacement=Shape.ABSENT), _facts(host=HostKind.LACKS,
                                                                                       replacement=Shape.ABSENT))
-    assert len(host) == 1 and "defines (files) != lacks (imported)" in host[0]
+    assert len(host) == 1 and f"{ZMQ.target_path}: vLLM defines (files) != lacks (imported)" in host[0]
     importers = ZMQ.compare(same, _facts(importers=("m:9 (module)",)))
     assert len(importers) == 1 and "m:9 (module)" in importers[0]
     both = ZMQ.compare(_facts(replacement=Shape.UNKNOWN), _facts(calls=()))
