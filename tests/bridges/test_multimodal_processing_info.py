@@ -163,8 +163,12 @@ def test_the_thinker_s_processing_is_not_bridged_and_fails_loudly():
     first = methods["_cached_apply_hf_processor"].body[1]  # after the docstring
     assert ast.unparse(first) == "cache = self.cache"
     assert "self._get_hf_mm_data(" in ast.unparse(methods["_cached_apply_hf_processor"])
-    assert [a.arg for a in methods["_maybe_apply_prompt_updates"].args.args] == [
-        "self", "mm_items", "prompt_ids", "mm_kwargs", "mm_prompt_updates"]
+    # vllm-omni 0.30.0 / 0.28.0: (self, mm_items, prompt_ids, mm_kwargs, mm_prompt_updates); 0.26.0 adds
+    # is_update_applied. vLLM calls it with mm_res=, which none of them takes (no **kwargs either): a TypeError.
+    prompt_updates = methods["_maybe_apply_prompt_updates"].args
+    assert [a.arg for a in prompt_updates.args][:5] == ["self", "mm_items", "prompt_ids", "mm_kwargs",
+                                                         "mm_prompt_updates"]
+    assert "mm_res" not in [a.arg for a in prompt_updates.args + prompt_updates.kwonlyargs] and not prompt_updates.kwarg
 
 
 @needs_missing_name

@@ -32,7 +32,8 @@ from __future__ import annotations
 import ast
 
 from ..decide import Action
-from ._module_stand_in import ModuleStandIn, Shape
+from . import HostKind, installed_omni_tree
+from ._module_stand_in import ModuleStandIn, Shape, files_of_installed_vllm
 
 NEW_MODULE = "vllm.entrypoints.serve.exception_handling.error_response"
 NEW_FILE = "vllm/entrypoints/serve/exception_handling/error_response.py"
@@ -81,6 +82,19 @@ def create_error_response(message, err_type="BadRequestError", status_code=None,
     return response
 
 
+def _is_alias_of_new_home(old: str, package) -> bool:
+    """Whether ``old`` is in ``sys.modules`` as vLLM's moved module itself (its ``__name__`` the new one) and the
+    imported ``package`` has no file for it: an alias, not a module vLLM ships."""
+    import sys
+    from importlib.machinery import PathFinder
+
+    current = sys.modules.get(old)
+    if current is None or getattr(current, "__name__", None) != NEW_MODULE:
+        return False
+    path = getattr(package, "__path__", None)
+    return path is None or PathFinder.find_spec(old, path) is None
+
+
 class ErrorResponseAdapter(ModuleStandIn):
     importers = IMPORTERS
     removed_in = "0.28"
@@ -91,6 +105,15 @@ class ErrorResponseAdapter(ModuleStandIn):
 
     def names(self, owner) -> dict:
         return {FUNCTION: create_error_response}
+
+    def detect_runtime(self, module):
+        """As every module stand-in's, but where ``sys.modules`` holds vLLM's moved module under the old name (the
+        moved_names alias, vLLM 0.28-0.32) and vLLM ships no file for the old one, vLLM still lacks it: the files
+        say so too, so static and runtime facts (and decisions: skipped, the alias serves it) agree."""
+        host = self.host_in_module(module)
+        if host == HostKind.DEFINES and _is_alias_of_new_home(self.target_path, module):
+            host = HostKind.LACKS
+        return self.facts(host, installed_omni_tree(), files_of_installed_vllm)
 
     def decide(self, facts, controls=None):
         if facts.replacement == KEEPS_TEXT and facts.importers:
