@@ -41,7 +41,8 @@ TESTS = ["tests/test_decide.py", "tests/test_drift.py", "tests/bridges/test_inpu
          "tests/bridges/test_routed_experts_lists.py", "tests/patches/test_hsdp_load_order.py",
          "tests/bridges/test_input_preprocessor_prompts.py", "tests/bridges/test_stand_in_refusal.py",
          "tests/patches/test_hsdp_process_once.py", "tests/bridges/test_moved_names_targets.py",
-         "tests/bridges/test_name_stand_in_layer.py", "tests/bridges/test_input_preprocessor_layer.py"]
+         "tests/bridges/test_name_stand_in_layer.py", "tests/bridges/test_input_preprocessor_layer.py",
+         "tests/patches/test_hsdp_load_order_layer.py"]
 # Tests that only run the code in a fresh interpreter: mutmut never picks them for a mutant (it learns a mutant's
 # tests from the calls it sees in the pytest process), so running them would only cost the stats and clean runs.
 SUBPROCESS_ONLY = ("not unpatched and not imports_with_the_stand_in and not resolves_to_the_new and not old_module_path "
