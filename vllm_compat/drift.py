@@ -3,8 +3,8 @@
 A drift point is one module (or one package) under ``vllm_compat/patches/`` or ``vllm_compat/bridges/`` that
 opens with its docstring (the one home of its prose, see below), defines one class deriving ``DriftPoint`` (or a
 base built on it: ``bridges._name_stand_in.NameStandIn`` / ``FunctionStandIn``, ``bridges._module_stand_in.
-ModuleStandIn``, ``bridges._serve_module_stand_in.ModuleStandIn``, ``bridges._engine_startup_call.CallAdapter``,
-``patches._method.MethodPatch``) and exports one instance::
+ModuleStandIn``, ``bridges._engine_startup_call.CallAdapter``, ``patches._method.MethodPatch``) and exports one
+instance::
 
     DRIFT_POINT = MyStandIn()
 

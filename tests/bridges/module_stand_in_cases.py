@@ -44,40 +44,42 @@ def check_static_and_runtime_agree(point, static):
 
 def check_install_uninstall_exact(point):
     """uninstall; install twice (the second a no-op); uninstall removes exactly the package attribute and the
-    sys.modules entry; what was there before is put back."""
+    sys.modules entries of the chain; what was there before is put back."""
     owner = importlib.import_module(point.target_module)  # vllm_compat's hook (pytest plugin) ran
-    had_attr, had_module = vars(owner).get(point.target), sys.modules.get(point.module_name)
+    had_attr, had = vars(owner).get(point.target), {n: sys.modules.get(n) for n in point.chain()}
     try:
         point.uninstall(owner)
         names, modules = set(vars(owner)), set(sys.modules)
         decision = point.decide(point.detect_runtime(owner), Controls())
         assert decision.action == Action.PATCHED, decision.reason
+        assert point.old_module in decision.provides
         assert point.install(owner, decision, point.prepare(owner, point.detect_runtime(owner))) is True
         assert point.install(owner, decision, None) is False  # already there: a no-op
-        assert set(vars(owner)) - names == {point.target} and set(sys.modules) - modules == {point.module_name}
-        assert is_ours(getattr(owner, point.target), point.id) and sys.modules[point.module_name] is getattr(
-            owner, point.target)
+        assert set(vars(owner)) - names == {point.target} and set(sys.modules) - modules == set(point.chain())
+        assert all(is_ours(sys.modules[n], point.id) for n in point.chain())
+        assert sys.modules[point.first_missing] is getattr(owner, point.target)
         assert point.uninstall(owner) is True and set(vars(owner)) == names and set(sys.modules) == modules
         assert point.uninstall(owner) is False
     finally:
         if had_attr is not None:
             setattr(owner, point.target, had_attr)
-        if had_module is not None:
-            sys.modules[point.module_name] = had_module
+        for name, module in had.items():
+            if module is not None:
+                sys.modules[name] = module
 
 
 def check_stays_out(point):
     """Where vLLM ships the module: skipped, vLLM's own module in place, prepare refuses, uninstall touches nothing."""
     import vllm_compat
 
-    own = importlib.import_module(point.module_name)
+    own = importlib.import_module(point.old_module)
     decisions = {d.name: d for d in vllm_compat.apply()}
     assert decisions[point.id].action == Action.SKIPPED, decisions[point.id].reason
-    assert not is_ours(own) and own.__file__ and sys.modules[point.module_name] is own
+    assert not is_ours(own) and own.__file__ and sys.modules[point.old_module] is own
     owner = importlib.import_module(point.target_module)
     with pytest.raises(Exception, match="never replaces a module vLLM defines"):
         point.prepare(owner, point.detect_runtime(owner))
-    assert point.uninstall(owner) is False and sys.modules[point.module_name] is own
+    assert point.uninstall(owner) is False and sys.modules[point.old_module] is own
 
 
 def stand_in_facts(static) -> StandInFacts:

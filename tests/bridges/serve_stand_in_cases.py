@@ -1,4 +1,4 @@
-"""The checks every serving-layer module stand-in of vllm-omni 0.24.0's server (``bridges._serve_module_stand_in``)
+"""The checks every serving-layer module stand-in of vllm-omni 0.24.0's server (``bridges._module_stand_in``)
 gets on the real wheels: the decision table, static and runtime facts agreeing, the real ModuleNotFoundError of
 ``import vllm_omni.entrypoints.openai.api_server`` without the bridge (reproduced first), the import with it, revert
 removing exactly what it put there, and staying out where vLLM has the module. Each test file binds them to one

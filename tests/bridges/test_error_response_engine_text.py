@@ -21,7 +21,7 @@ POINT = bridge.DRIFT_POINT
 STATIC = POINT.detect_static(StaticSite.installed())
 ACTS = STATIC.host == HostKind.LACKS and bool(STATIC.importers) and STATIC.replacement == "known"
 needs_adapter = pytest.mark.skipif(
-    not ACTS, reason=f"needs vLLM >= 0.33 (no {POINT.module_name}; an engine error's text replaced) with a vllm-omni "
+    not ACTS, reason=f"needs vLLM >= 0.33 (no {POINT.old_module}; an engine error's text replaced) with a vllm-omni "
     f"that imports it (0.24.0 / 0.26.0); here: vLLM {STATIC.host} it, importers {list(STATIC.importers) or 'none'}, "
     f"replacement {STATIC.replacement}")
 needs_omni_026 = pytest.mark.skipif(not (OMNI_VERSION or "").startswith("0.26."),
@@ -114,6 +114,6 @@ def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
 
 
 @pytest.mark.skipif(STATIC.host != HostKind.DEFINES,
-                    reason=f"needs a vLLM that ships {POINT.module_name} (<= 0.27); here: {STATIC.host}")
+                    reason=f"needs a vLLM that ships {POINT.old_module} (<= 0.27); here: {STATIC.host}")
 def test_stays_out_where_vllm_ships_the_module():
     cases.check_stays_out(POINT)

@@ -20,10 +20,10 @@ POINT = bridge.DRIFT_POINT
 STATIC = POINT.detect_static(StaticSite.installed())
 needs_missing_module = pytest.mark.skipif(
     STATIC.host != HostKind.LACKS or not STATIC.importers,
-    reason=f"needs vLLM >= 0.34 (no {POINT.module_name}) with a vllm-omni that imports it (0.28.0 / 0.30.0); here: "
+    reason=f"needs vLLM >= 0.34 (no {POINT.old_module}) with a vllm-omni that imports it (0.28.0 / 0.30.0); here: "
     f"vLLM {STATIC.host} it, importers {list(STATIC.importers) or 'none'}")
 needs_vllm_module = pytest.mark.skipif(
-    STATIC.host != HostKind.DEFINES, reason=f"needs a vLLM that ships {POINT.module_name} (<= 0.33); here: {STATIC.host}")
+    STATIC.host != HostKind.DEFINES, reason=f"needs a vLLM that ships {POINT.old_module} (<= 0.33); here: {STATIC.host}")
 IMPORT_ERROR = "cannot import name 'block_table' from 'vllm.v1.worker'"
 IMPORTER = "vllm_omni.diffusion.diffusion_kv.model_runner_backend"
 

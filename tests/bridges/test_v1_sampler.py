@@ -47,14 +47,14 @@ def test_unpatched_import_fails_with_the_real_module_not_found_error(key):
     point, name = POINTS[key]
     result = run_python(f"""
         try:
-            from {point.module_name} import {name}
+            from {point.old_module} import {name}
         except ImportError as exc:
             print("IMPORT-ERROR", type(exc).__name__, exc)
         else:
             print("IMPORTED")
         """, env={"VLLM_COMPAT_DISABLE_PATCHES": point.id}, warm=True)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"IMPORT-ERROR ModuleNotFoundError No module named '{point.module_name}'" in result.stdout, result.stdout
+    assert f"IMPORT-ERROR ModuleNotFoundError No module named '{point.old_module}'" in result.stdout, result.stdout
 
 
 @needs_missing_modules
@@ -76,8 +76,8 @@ def test_the_diffusion_stage_needs_them_and_starts_only_while_they_act(controls,
     report = Report(mode="static", static=SITE.environment, patches=[d for _, _, d in plan(SITE, chosen)])
     drift = report.import_drift
     for point, _ in POINTS.values():
-        assert point.module_name in drift.worker_blocking_names
-        assert (point.module_name in drift.still_worker_blocking_names) == (not bridged)
+        assert point.old_module in drift.worker_blocking_names
+        assert (point.old_module in drift.still_worker_blocking_names) == (not bridged)
 
 
 @needs_missing_modules
@@ -133,5 +133,5 @@ def test_install_is_idempotent_and_uninstall_removes_exactly_ours(key):
 @pytest.mark.parametrize("key", list(POINTS))
 def test_stays_out_where_vllm_ships_the_module(key):
     if key not in SHIPPED:
-        pytest.skip(f"needs a vLLM that ships {POINTS[key][0].module_name} (<= 0.33); here: {STATIC[key].host}")
+        pytest.skip(f"needs a vLLM that ships {POINTS[key][0].old_module} (<= 0.33); here: {STATIC[key].host}")
     cases.check_stays_out(POINTS[key][0])

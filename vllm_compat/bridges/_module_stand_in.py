@@ -1,29 +1,35 @@
-"""What the module stand-ins share: the drift point for a whole vLLM module that is gone while vllm-omni imports it.
+"""What the module stand-ins share: the drift point for a vLLM module that is gone while vllm-omni imports it.
 
-``ModuleStandIn`` is the base of a stand-in for a removed submodule (``target`` on the package ``target_module``):
-a subclass names the vllm-omni files that import it (``importers``), the vLLM release that removed it
-(``removed_in``), what the module holds (``names(owner)``: each the smallest definition its callers in vllm-omni
-need; ``moved``: names whose definition moved elsewhere in vLLM, served as vLLM's own object, looked up when first
-read) and, where those are built on other vLLM files, how those files are judged (``replacement_from_source``:
-``(Shape, detail)`` from a reader of vLLM's files, the same function for the wheel and for the installed package).
-On ``import <target_module>`` a module object holding them is registered as ``sys.modules[<module>]`` and as the
-package's attribute, both marked; any other name of the old module raises ``AttributeError`` saying that vLLM
-removed it and vllm_compat does not provide it (a stand-in is not a copy of the old file). The rules are the
-bridges' (``vllm_compat.bridges``): only where vLLM lacks the module and an installed vllm-omni imports it, never over
-a module vLLM ships, and ``uninstall`` removes exactly what was put there.
+``ModuleStandIn`` is the base of a stand-in for a module vLLM removed, ``old_module``: by default the catalogue row's
+``target_module.target`` (a submodule, as ``vllm.v1.sample.sampler``); a subclass names a deeper path where vLLM
+removed a whole package (``vllm.entrypoints.serve.render.serving`` below the row's ``vllm.entrypoints.serve`` /
+``render``). The row's ``target_module`` is the deepest package of that path vLLM still has (its import triggers the
+bridge) and ``target`` the first missing component. A subclass names the vllm-omni files that import the old module
+(``importers``, read and never imported), the vLLM release that removed it (``removed_in``) and what the module holds,
+each the smallest definition its callers in vllm-omni need: ``raises`` ({name: message}: a class that can be imported,
+annotated with and subclassed, whose construction raises ``RemovedByVLLMError(message)``) and ``members()`` (our own
+objects, and ``Moved(module, name)`` for vLLM's own object that moved elsewhere, imported when first read). Where the
+members are built on other vLLM files, ``needs_replacement`` is set and ``replacement_from_source(read)`` judges them
+(``(Shape, detail)`` from a reader of vLLM's files: the same function for the wheel and for the installed package).
 
-``RemovedByVLLMError`` is what a raising stand-in's objects raise when the feature behind them is used: the import
-works (so the rest of vllm-omni does), the feature fails loudly, naming the drift.
+``install`` registers the module (and the missing packages above it, outermost first) in ``sys.modules`` and on its
+parent, each marked with the entry id (``drift.MARK``); one module object per process, so revert and apply put the
+same one back. Any other name of the old module raises ``AttributeError`` saying that vLLM removed it and vllm_compat
+does not provide it (a stand-in is not a copy of the old file). The rules are the bridges' (``vllm_compat.bridges``):
+only where vLLM lacks the module and an installed vllm-omni imports it, never over a module vLLM has (a file of the
+installed vLLM, or anything another finder registered: a refusal saying what was found), and ``uninstall`` removes
+exactly what was put there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..decide import Action
-from ..drift import DriftPoint, is_ours, mark, provide, withdraw
+from ..drift import is_ours, mark, provide, withdraw
 from ..errors import PatchRefusedError, VllmCompatError
 from . import (
     HostKind,
@@ -34,18 +40,42 @@ from . import (
     installed_omni_tree,
     omni_importers,
 )
-from ._name_stand_in import Shape
+from ._name_stand_in import NameStandIn, Shape
 
 
 class RemovedByVLLMError(VllmCompatError, NotImplementedError):
     """A vllm-omni feature reached an object of a module vLLM removed, which vllm_compat provides for the import
-    only (the message names the module, the vLLM release and what to do)."""
+    only: the import works (so the rest of vllm-omni does), the feature fails loudly, naming the module, the vLLM
+    release and what to do."""
+
+
+def removed_class(name: str, module: str, message: str, doc: str | None = None) -> type:
+    """A class named ``name`` (in ``module``) that can be imported, used as an annotation or an ``isinstance`` target
+    and subclassed, and whose construction raises ``RemovedByVLLMError(message)``; ``doc`` defaults to ``message``."""
+
+    def __init__(self, *args, **kwargs):
+        raise RemovedByVLLMError(message)
+
+    return type(name, (), {"__init__": __init__, "__doc__": doc or message, "__module__": module,
+                           "__qualname__": name})
+
+
+class Moved:
+    """A member that is vLLM's own object ``module.name``, imported when vllm-omni first reads it (PEP 562) and kept
+    on the stand-in from then on: the hook that registers the stand-in runs while vLLM's packages are still importing
+    each other, and importing the new module there would enter a cycle (vLLM 0.25: ``openai.engine`` is imported from
+    inside ``chat_completion.protocol``, which ``generate.base.serving`` imports)."""
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
 
 
 @dataclass(frozen=True)
 class ModuleStandInFacts(StandInFacts):
     """``host`` / ``importers`` as every stand-in's (``StandInFacts``), plus ``replacement``: the shape of the vLLM
-    files the module's names are built on (``Shape``; ``absent`` where it needs none, or where vLLM has the module)
+    files the module's members are built on (``Shape``; ``absent`` where it needs none, or where vLLM has the module)
     and ``detail``, what was found where that shape is unknown."""
 
     replacement: str = Shape.ABSENT
@@ -65,147 +95,190 @@ def files_of_installed_vllm(relpath: str) -> str | None:
         return None
 
 
-class ModuleStandIn(DriftPoint):
-    importers: tuple[str, ...] = ()
-    removed_in = ""
-    needs_replacement = False  # whether the names are built on vLLM files that replacement_from_source judges
-    moved: dict[str, str] = {}  # name -> the vLLM module it moved to: vLLM's own object, looked up when first read
+class ModuleStandIn(NameStandIn):
+    """A stand-in module for ``old_module``, put on the catalogue row's ``target_module`` as ``target`` (a
+    ``NameStandIn`` whose name is a submodule, also registered in ``sys.modules``)."""
+
+    raises: dict[str, str] = {}  # name -> the message its construction raises (RemovedByVLLMError)
+    needs_replacement = False  # whether the members are built on vLLM files that replacement_from_source judges
 
     def __init__(self) -> None:
         super().__init__()
-        self._module = None  # one module object per process: revert + apply puts the same one back
-        self._names_provided: tuple[str, ...] = ()
+        self._module = None  # the outermost module object of the chain, made on first use
 
     @property
-    def module_name(self) -> str:
+    def old_module(self) -> str:
+        """The removed module's path (a subclass names a deeper one as a class attribute)."""
         return self.target_path
 
-    def names(self, owner) -> dict:
-        """The module's own definitions (owner: the imported parent package), beside the ``moved`` names."""
+    @property
+    def first_missing(self) -> str:
+        """The first module of ``old_module`` that vLLM lacks: ``target_module.target``."""
+        return self.target_path
+
+    def chain(self) -> list[str]:
+        """The modules registered, outermost first: ``first_missing`` down to ``old_module``."""
+        names = [self.first_missing]
+        for part in self.old_module[len(self.first_missing):].split(".")[1:]:
+            names.append(f"{names[-1]}.{part}")
+        return names
+
+    def members(self) -> dict:
+        """The module's own definitions beside ``raises`` (``Moved`` for vLLM's own objects); called where the hook
+        runs, so it may not import vLLM modules that are still loading."""
         return {}
 
     def replacement_from_source(self, read) -> tuple[str, str]:
-        """``(Shape, detail)`` of what the names are built on, from ``read(relpath)`` (source text or None)."""
+        """``(Shape, detail)`` of what the members are built on, from ``read(relpath)`` (source text or None)."""
         return Shape.ABSENT, ""
 
-    def missing_name_message(self, name: str) -> str:
-        return (f"module {self.module_name!r} has no attribute {name!r}: vLLM {self.removed_in} removed "
-                f"{self.module_name}, and vllm_compat's stand-in provides only what vllm-omni imports from it "
-                f"({', '.join(sorted(self._names_provided))}).")
+    # ---- the module objects ----
 
-    # ---- the module object ----
+    def build(self, owner=None):
+        """The outermost module object of the chain, every inner one set on its parent, all marked as ours (made on
+        first use; the same object afterwards)."""
+        if self._module is not None:
+            return self._module
+        import importlib.machinery
+        import types
 
-    def stand_in_module(self, owner):
-        """The module object registered as ``module_name`` (made on first use, marked as ours)."""
-        if self._module is None:
-            import importlib.machinery
-            import types
-
-            module = types.ModuleType(self.module_name, f"vllm_compat's stand-in for {self.module_name} (removed in "
-                                                        f"vLLM {self.removed_in}); see {type(self).__module__}.")
-            module.__spec__ = importlib.machinery.ModuleSpec(self.module_name, None, origin=type(self).__module__)
-            names = self.names(owner)
-            self._names_provided = (*names, *self.moved)
-            vars(module).update(names)
-            stand_in = self
-
-            def __getattr__(name):
-                if name in stand_in.moved:
-                    import importlib
-
-                    return getattr(importlib.import_module(stand_in.moved[name]), name)
-                if name.startswith("__"):
-                    raise AttributeError(name)
-                raise AttributeError(stand_in.missing_name_message(name))
-
-            module.__getattr__ = __getattr__
-            self._module = mark(module, self.id)
+        members = {name: removed_class(name, self.old_module, message, f"vllm_compat's stand-in for {self.old_module}"
+                                       f".{name} (removed in vLLM {self.removed_in}), for vllm-omni's imports only: "
+                                       "constructing it raises RemovedByVLLMError.")
+                   for name, message in self.raises.items()} | self.members()
+        modules = []
+        for name in self.chain():
+            module = types.ModuleType(name, f"vllm_compat's stand-in for {name} (removed in vLLM {self.removed_in}); "
+                                            f"see {type(self).__module__}.")
+            is_package = name != self.old_module
+            module.__spec__ = importlib.machinery.ModuleSpec(name, None, origin=type(self).__module__,
+                                                             is_package=is_package)
+            if is_package:
+                module.__path__ = []
+            if modules:
+                setattr(modules[-1], name.rpartition(".")[2], module)
+            modules.append(mark(module, self.id))
+        leaf = modules[-1]
+        vars(leaf).update({key: value for key, value in members.items() if not isinstance(value, Moved)})
+        leaf.__getattr__ = self._lazy_getattr(leaf, members)
+        self._module = modules[0]
         return self._module
+
+    def _lazy_getattr(self, module, members: dict):
+        """The old module's ``__getattr__``: a ``Moved`` member imported (and kept) when first read; any other name
+        an ``AttributeError`` naming the removal and what the stand-in holds."""
+        moved = {key: value for key, value in members.items() if isinstance(value, Moved)}
+        message = (f"vLLM {self.removed_in} removed {self.old_module}, and vllm_compat's stand-in provides only what "
+                   f"vllm-omni imports from it ({', '.join(sorted(members))}).")
+
+        def __getattr__(name: str):
+            found = moved.get(name)
+            if found is None:
+                raise AttributeError(name if name.startswith("__") else
+                                     f"module {module.__name__!r} has no attribute {name!r}: {message}")
+            import importlib
+
+            value = getattr(importlib.import_module(found.module), found.name)
+            setattr(module, name, value)
+            return value
+
+        return __getattr__
+
+    def _inner(self, top, name: str):
+        module = top
+        for part in name[len(top.__name__):].split(".")[1:]:
+            module = getattr(module, part)
+        return module
 
     # ---- facts ----
 
+    def importers_in(self, tree) -> tuple[str, ...]:
+        """The running imports of the old module in the vllm-omni ``importers`` files of ``tree``: ``import a.b.c``
+        / ``from a.b.c import x``, and ``from a.b import c``."""
+        parent, _, leaf = self.old_module.rpartition(".")
+        return (*omni_importers(tree, self.importers, self.old_module, None),
+                *omni_importers(tree, self.importers, parent, leaf))
+
     def facts(self, host: str, omni_tree, read) -> ModuleStandInFacts:
-        importers = (*omni_importers(omni_tree, self.importers, self.module_name, None),  # import a.b.c, from a.b.c
-                     *omni_importers(omni_tree, self.importers, self.target_module, self.target))  # from a.b import c
         if self.needs_replacement and host in (HostKind.LACKS, HostKind.UNKNOWN):
             shape, detail = self.replacement_from_source(read)
         else:
             shape, detail = Shape.ABSENT, ""
-        return ModuleStandInFacts(host, importers, shape, detail)
+        return ModuleStandInFacts(host, self.importers_in(omni_tree), shape, detail)
+
+    def facts_from_files(self, site) -> ModuleStandInFacts:
+        return self.facts(host_lookup(site.vllm_tree, self.target_module, self.target), site.omni_tree,
+                          site.vllm_tree.read)
 
     def host_in_module(self, module) -> str:
-        current = sys.modules.get(self.module_name) or vars(module).get(self.target)
-        if current is not None:
-            return HostKind.LACKS if is_ours(current, self.id) else HostKind.DEFINES
+        """The imported parent's answer: vLLM lacks the module where neither ``sys.modules``, the parent nor a file
+        of the parent package has it (ours does not count)."""
+        found = [m for m in (sys.modules.get(self.first_missing), vars(module).get(self.target)) if m is not None]
+        if found:  # either one that is not ours is vLLM's
+            return HostKind.LACKS if all(is_ours(m, self.id) for m in found) else HostKind.DEFINES
         path = getattr(module, "__path__", None)
         if path is None:  # not a package: it cannot have the submodule
             return HostKind.LACKS
         from importlib.machinery import PathFinder  # finds the file without importing it
 
-        return HostKind.DEFINES if PathFinder.find_spec(self.module_name, path) is not None else HostKind.LACKS
+        return HostKind.DEFINES if PathFinder.find_spec(self.first_missing, path) is not None else HostKind.LACKS
 
-    def detect_static(self, site) -> ModuleStandInFacts:
-        return self.facts(host_lookup(site.vllm_tree, self.target_module, self.target), site.omni_tree,
-                          site.vllm_tree.read)
-
-    def detect_runtime(self, module) -> ModuleStandInFacts:
+    def facts_from_module(self, module) -> ModuleStandInFacts:
         return self.facts(self.host_in_module(module), installed_omni_tree(), files_of_installed_vllm)
 
-    def decide(self, facts: ModuleStandInFacts, controls=None):
-        decision = decide_stand_in(self.entry, facts.stand_in, self.module_name, removed_in=self.removed_in)
-        if decision.action == Action.PATCHED and facts.replacement == Shape.UNKNOWN:
-            return self.refused(f"vLLM lacks {self.module_name} and vllm-omni imports it, but what the stand-in is "
+    def decide(self, facts: StandInFacts, controls=None):
+        """Every stand-in's decision table (``bridges.decide_stand_in``), refused where what the members are built
+        on is not the measured shape; a patched decision ``provides`` the old module's path (the import-drift
+        report's unresolved target), not only the row's first missing package."""
+        decision = decide_stand_in(self.entry, facts.stand_in, self.old_module, removed_in=self.removed_in)
+        if decision.action != Action.PATCHED:
+            return decision
+        if self.needs_replacement and facts.replacement == Shape.UNKNOWN:
+            return self.refused(f"vLLM lacks {self.old_module} and vllm-omni imports it, but what the stand-in is "
                                 f"built on is not the measured shape ({facts.detail})")
-        return decision
+        return dataclasses.replace(decision, provides=(self.old_module,))
+
+    def compare(self, static: StandInFacts, runtime: StandInFacts) -> list[str]:
+        differences = compare_stand_in(static.stand_in, runtime.stand_in, self.old_module)
+        if self.needs_replacement and HostKind.ABSENT not in (static.host, runtime.host) and \
+                static.replacement != runtime.replacement:
+            differences.append(f"what {self.old_module} is built on: {static.replacement} (files) != "
+                               f"{runtime.replacement} (imported); {static.detail or runtime.detail}")
+        return differences
 
     # ---- install ----
 
     def prepare(self, owner, facts):
-        """The contract: neither ``sys.modules`` nor the package holds a ``target`` that is not ours, vLLM ships no
-        such file (ours may be in place already), and what the names are built on has the measured shape."""
-        host = self.host_in_module(owner)
-        if host != HostKind.LACKS:
-            current = sys.modules.get(self.module_name) or vars(owner).get(self.target)
+        """The contract: vLLM has no ``first_missing`` (ours may be there already), and what the members are built
+        on has the measured shape; returns the module chain."""
+        if self.host_in_module(owner) != HostKind.LACKS:
+            current = sys.modules.get(self.first_missing) or vars(owner).get(self.target)
             found = repr(current) if current is not None else "a module file in the installed vLLM"
-            raise PatchRefusedError(f"{self.module_name} exists ({found}); vllm_compat never replaces a module vLLM "
-                                    "defines. Left as it is.")
+            raise PatchRefusedError(f"{self.first_missing} exists ({found}); vllm_compat never replaces a module "
+                                    "vLLM defines. Left as it is.")
         if self.needs_replacement:
             shape, detail = self.replacement_from_source(files_of_installed_vllm)
             if shape != Shape.KNOWN:
-                raise PatchRefusedError(f"{self.module_name} cannot be provided: {detail or shape}. Left out; set "
+                raise PatchRefusedError(f"{self.old_module} cannot be provided: {detail or shape}. Left out; set "
                                         f"VLLM_COMPAT_DISABLE_PATCHES={self.id} to silence this, or upgrade "
                                         "vllm_compat.")
+        return self.build(owner)
 
     def install(self, owner, decision, state) -> bool:
-        """Register the module in ``sys.modules`` and on the package; False when both are there already."""
-        module = self.stand_in_module(owner)
-        added = provide(owner, self.target, module, self.id)
-        if sys.modules.get(self.module_name) is None:
-            sys.modules[self.module_name] = module
-            added = True
+        """Put the chain on the parent and in ``sys.modules``; False when all of it was there already."""
+        top = state if state is not None else self.build(owner)
+        added = provide(owner, self.target, top, self.id)
+        for name in self.chain():
+            if sys.modules.get(name) is None:
+                sys.modules[name] = self._inner(top, name)
+                added = True
         return added
 
     def uninstall(self, owner) -> bool:
-        """Remove the package attribute and the ``sys.modules`` entry where they are ours; False when neither was."""
-        removed = withdraw(owner, self.target, self.id)
-        if is_ours(sys.modules.get(self.module_name), self.id):
-            del sys.modules[self.module_name]
-            removed = True
-        return removed
-
-    def compare(self, static: ModuleStandInFacts, runtime: ModuleStandInFacts) -> list[str]:
-        differences = compare_stand_in(static.stand_in, runtime.stand_in, self.module_name)
-        if HostKind.ABSENT not in (static.host, runtime.host) and static.replacement != runtime.replacement:
-            differences.append(f"what {self.module_name} is built on: {static.replacement} (files) != "
-                               f"{runtime.replacement} (imported); {static.detail or runtime.detail}")
-        return differences
-
-
-def removed_class(name: str, module: str, message: str, doc: str) -> type:
-    """A class named ``name`` (in ``module``) that can be used as an annotation or an ``isinstance`` target, and
-    whose construction raises ``RemovedByVLLMError`` with ``message``."""
-
-    def __init__(self, *args, **kwargs):
-        raise RemovedByVLLMError(message)
-
-    return type(name, (), {"__init__": __init__, "__doc__": doc, "__module__": module, "__qualname__": name})
+        """Remove the parent attribute and the ``sys.modules`` entries where they are ours; False when none was."""
+        removed = False
+        for name in reversed(self.chain()):
+            if is_ours(sys.modules.get(name), self.id):
+                del sys.modules[name]
+                removed = True
+        return withdraw(owner, self.target, self.id) or removed

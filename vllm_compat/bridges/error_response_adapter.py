@@ -103,7 +103,7 @@ class ErrorResponseAdapter(ModuleStandIn):
     def replacement_from_source(self, read) -> tuple[str, str]:
         return _function_shape(read(NEW_FILE))
 
-    def names(self, owner) -> dict:
+    def members(self) -> dict:
         return {FUNCTION: create_error_response}
 
     def detect_runtime(self, module):
@@ -118,7 +118,7 @@ class ErrorResponseAdapter(ModuleStandIn):
     def decide(self, facts, controls=None):
         if facts.replacement == KEEPS_TEXT and facts.importers:
             return self.decision(Action.SKIPPED, f"vLLM's {NEW_MODULE}.{FUNCTION} keeps an engine error's text, as "
-                                 f"the old one did: moved_names aliases {self.module_name} (reviewed)")
+                                 f"the old one did: moved_names aliases {self.old_module} (reviewed)")
         return super().decide(facts, controls)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import types
 
-from ._serve_module_stand_in import ModuleStandIn, Moved
+from ._module_stand_in import ModuleStandIn, Moved
 
 OLD_MODULE = "vllm.entrypoints.launcher"
 NEW_MODULE = "vllm.entrypoints.launchers.launcher"

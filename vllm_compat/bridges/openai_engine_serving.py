@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 from ..decide import Action
 from . import HostKind
-from ._serve_module_stand_in import ModuleStandIn, Moved
+from ._module_stand_in import ModuleStandIn, Moved
 
 OLD_MODULE = "vllm.entrypoints.openai.engine.serving"
 NEW_MODULE = "vllm.entrypoints.generate.base.serving"

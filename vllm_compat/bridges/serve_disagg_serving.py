@@ -10,7 +10,7 @@ Why: vLLM 0.25 moved the disaggregated ``/inference/v1/generate`` serving to
 ``OpenAIServingRender`` (``serve_render_serving``), whose stand-in stops that branch first.
 When: ``vllm.entrypoints.serve`` is imported without a ``disagg`` subpackage and an installed vllm-omni imports the
 module (read from its files): the package and module are registered with a ``ServingTokens`` whose construction
-raises ``RemovedServingError`` naming the drift (the old call cannot be served: vLLM's new class needs the renderer
+raises ``RemovedByVLLMError`` naming the drift (the old call cannot be served: vLLM's new class needs the renderer
 vllm-omni 0.24.0 cannot build). A vLLM with the module keeps it.
 Serves: vllm-omni 0.24.0 on vLLM 0.25-0.33 (its pure-diffusion server; measured on 0.25.1).
 Retire when: the oldest supported vllm-omni no longer imports ``vllm.entrypoints.serve.disagg.serving``.
@@ -18,7 +18,7 @@ Retire when: the oldest supported vllm-omni no longer imports ``vllm.entrypoints
 
 from __future__ import annotations
 
-from ._serve_module_stand_in import ModuleStandIn, raising_class
+from ._module_stand_in import ModuleStandIn
 
 OLD_MODULE = "vllm.entrypoints.serve.disagg.serving"
 IMPORTERS = ("vllm_omni/entrypoints/openai/api_server.py",)
@@ -35,9 +35,7 @@ class ServeDisaggServingStandIn(ModuleStandIn):
     importers = IMPORTERS
     removed_in = "0.25"
     old_module = OLD_MODULE
-
-    def members(self) -> dict:
-        return {"ServingTokens": raising_class("ServingTokens", OLD_MODULE, MESSAGE)}
+    raises = {"ServingTokens": MESSAGE}
 
 
 DRIFT_POINT = ServeDisaggServingStandIn()

@@ -9,7 +9,7 @@ import (``No module named 'vllm.entrypoints.serve.render'``) on 0.25+, for every
 0.25 constructors no longer take it: that branch cannot be bridged by a name.
 When: ``vllm.entrypoints.serve`` is imported without a ``render`` subpackage and an installed vllm-omni imports the
 module (read from its files): the package and module are registered with an ``OpenAIServingRender`` whose
-construction raises ``RemovedServingError`` naming the drift. The import works, a pure-diffusion server starts and
+construction raises ``RemovedByVLLMError`` naming the drift. The import works, a pure-diffusion server starts and
 serves; an LLM-stage server stops at startup with that message instead of at import. A vLLM with the module keeps it.
 Serves: vllm-omni 0.24.0 on vLLM 0.25-0.33 (its pure-diffusion server; measured on 0.25.1).
 Retire when: the oldest supported vllm-omni no longer imports ``vllm.entrypoints.serve.render.serving``.
@@ -17,7 +17,7 @@ Retire when: the oldest supported vllm-omni no longer imports ``vllm.entrypoints
 
 from __future__ import annotations
 
-from ._serve_module_stand_in import ModuleStandIn, raising_class
+from ._module_stand_in import ModuleStandIn
 
 OLD_MODULE = "vllm.entrypoints.serve.render.serving"
 IMPORTERS = ("vllm_omni/entrypoints/openai/api_server.py",)
@@ -33,9 +33,7 @@ class ServeRenderServingStandIn(ModuleStandIn):
     importers = IMPORTERS
     removed_in = "0.25"
     old_module = OLD_MODULE
-
-    def members(self) -> dict:
-        return {"OpenAIServingRender": raising_class("OpenAIServingRender", OLD_MODULE, MESSAGE)}
+    raises = {"OpenAIServingRender": MESSAGE}
 
 
 DRIFT_POINT = ServeRenderServingStandIn()

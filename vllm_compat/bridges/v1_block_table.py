@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import ast
 
-from ._module_stand_in import ModuleStandIn, Shape
+from ._module_stand_in import ModuleStandIn, Moved, Shape
 
 # The vllm-omni file that imports it (0.28.0, 0.30.0): read, never imported.
 IMPORTERS = ("vllm_omni/diffusion/diffusion_kv/model_runner_backend.py",)
@@ -58,10 +58,12 @@ class BlockTableModule(ModuleStandIn):
     importers = IMPORTERS
     removed_in = "0.34"
     needs_replacement = True
-    moved = {FUNCTION: NEW_MODULE}
 
     def replacement_from_source(self, read) -> tuple[str, str]:
         return _function_shape(read(NEW_FILE))
+
+    def members(self) -> dict:
+        return {FUNCTION: Moved(NEW_MODULE, FUNCTION)}
 
 
 DRIFT_POINT = BlockTableModule()

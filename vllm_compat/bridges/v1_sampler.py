@@ -29,7 +29,7 @@ Retire when: the oldest supported vllm-omni no longer imports ``vllm.v1.sample.s
 
 from __future__ import annotations
 
-from ._module_stand_in import ModuleStandIn, removed_class
+from ._module_stand_in import ModuleStandIn
 
 MODULE = "vllm.v1.sample.sampler"
 # The vllm-omni files that import it (0.24.0-0.30.0): read, never imported.
@@ -51,12 +51,7 @@ MESSAGE = (f"vLLM 0.34 removed {MODULE} (the v1 model runner's Sampler); vllm_co
 class SamplerModule(ModuleStandIn):
     importers = IMPORTERS
     removed_in = "0.34"
-
-    def names(self, owner) -> dict:
-        return {"Sampler": removed_class(
-            "Sampler", MODULE, MESSAGE,
-            "vLLM 0.33's v1 sampler, for vllm-omni's imports only (stand-in by vllm_compat: constructing it raises "
-            "RemovedByVLLMError).")}
+    raises = {"Sampler": MESSAGE}
 
 
 DRIFT_POINT = SamplerModule()

@@ -26,7 +26,7 @@ Retire when: the oldest supported vllm-omni no longer imports ``vllm.v1.sample.m
 
 from __future__ import annotations
 
-from ._module_stand_in import ModuleStandIn, removed_class
+from ._module_stand_in import ModuleStandIn
 
 MODULE = "vllm.v1.sample.metadata"
 # The vllm-omni files that import it (0.24.0-0.30.0): read, never imported.
@@ -49,12 +49,7 @@ MESSAGE = (f"vLLM 0.34 removed {MODULE} with its v1 model runner; vllm_compat pr
 class SamplingMetadataModule(ModuleStandIn):
     importers = IMPORTERS
     removed_in = "0.34"
-
-    def names(self, owner) -> dict:
-        return {"SamplingMetadata": removed_class(
-            "SamplingMetadata", MODULE, MESSAGE,
-            "vLLM 0.33's v1 sampling metadata, for vllm-omni's annotations only (stand-in by vllm_compat: "
-            "constructing it raises RemovedByVLLMError).")}
+    raises = {"SamplingMetadata": MESSAGE}
 
 
 DRIFT_POINT = SamplingMetadataModule()
