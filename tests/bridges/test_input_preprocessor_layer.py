@@ -162,6 +162,13 @@ def test_install_and_uninstall_both_registrations(monkeypatch, no_registration):
     monkeypatch.setitem(sys.modules, MODULE, foreign)
     parent.preprocess = foreign
     assert POINT.uninstall(parent) is False and sys.modules[MODULE] is foreign and parent.preprocess is foreign
+    # another entry's module (marked, not this entry's) stays in both places
+    other_entry = mark(types.ModuleType(MODULE), "routed_experts_lists")
+    monkeypatch.setitem(sys.modules, MODULE, other_entry)
+    parent.preprocess = other_entry
+    assert POINT.uninstall(parent) is False and sys.modules[MODULE] is other_entry and parent.preprocess is other_entry
+    monkeypatch.setitem(sys.modules, MODULE, foreign)
+    parent.preprocess = foreign
     # installing beside someone else's sys.modules entry leaves it there
     del parent.preprocess
     POINT.install(parent, None, None)
