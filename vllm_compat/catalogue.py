@@ -108,20 +108,24 @@ CATALOGUE: tuple[Entry, ...] = (
 )
 
 
+def _row(field: str, value: str, missing: str) -> Entry:
+    """The row whose ``field`` is ``value``; ``KeyError(missing)`` otherwise (``{value}`` and ``{known}``, the known
+    ids, filled in)."""
+    for candidate in CATALOGUE:
+        if getattr(candidate, field) == value:
+            return candidate
+    raise KeyError(missing.format(value=value, known=", ".join(e.id for e in CATALOGUE)))
+
+
 def entry(entry_id: str) -> Entry:
     """The row with ``entry_id``; ``KeyError`` naming the known ids otherwise."""
-    for candidate in CATALOGUE:
-        if candidate.id == entry_id:
-            return candidate
-    raise KeyError(f"no catalogue entry {entry_id!r}; known: {', '.join(e.id for e in CATALOGUE)}")
+    return _row("id", entry_id, "no catalogue entry {value!r}; known: {known}")
 
 
 def entry_for_module(module: str) -> Entry:
     """The row implemented by ``module`` (a drift-point module's ``__name__``); ``KeyError`` otherwise."""
-    for candidate in CATALOGUE:
-        if candidate.module == module:
-            return candidate
-    raise KeyError(f"no catalogue entry is implemented by {module}; add its row to vllm_compat/catalogue.py")
+    return _row("module", module, "no catalogue entry is implemented by {value}; add its row to "
+                "vllm_compat/catalogue.py")
 
 
 def drift_point(catalogue_entry: Entry):

@@ -94,33 +94,38 @@ def _check(args) -> int:
     return run_check(args)
 
 
+def _command(commands, name: str, handler, summary: str, printed: str) -> argparse.ArgumentParser:
+    """A subcommand (``summary``: its help line) running ``handler(args)``, with ``--json`` (print the ``printed`` as
+    JSON)."""
+    parser = commands.add_parser(name, help=summary)
+    parser.add_argument("--json", action="store_true", help=f"print the {printed} as JSON")
+    parser.set_defaults(handler=handler)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-compat", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    doctor = commands.add_parser("doctor", help="what vllm_compat detects and decides for this environment")
-    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor = _command(commands, "doctor", _doctor, "what vllm_compat detects and decides for this environment",
+                      "report")
     doctor.add_argument("--runtime", action="store_true",
                         help="import vLLM and vllm-omni, apply the shim and show the live result (slow)")
-    doctor.set_defaults(handler=_doctor)
-    scan = commands.add_parser("scan", help="static capability profile of wheels, trees or site-packages")
+    scan = _command(commands, "scan", _scan, "static capability profile of wheels, trees or site-packages",
+                    "profiles")
     scan.add_argument("paths", nargs="+", metavar="PATH")
-    scan.add_argument("--json", action="store_true", help="print the profiles as JSON")
     scan.add_argument("--vllm", metavar="PATH", default=None,
                       help="check vllm-omni's imports (import drift) against the vLLM in PATH when a scanned "
                            "PATH holds vllm-omni without vLLM")
-    scan.set_defaults(handler=_scan)
-    check = commands.add_parser(
-        "check", help="will vLLM X run vllm-omni Y? reads both release wheels (fetched without dependencies into "
-                      "a per-user cache) and says: works natively, works with vllm_compat, or will not start")
+    check = _command(commands, "check", _check, "will vLLM X run vllm-omni Y? reads both release wheels (fetched "
+                     "without dependencies into a per-user cache) and says: works natively, works with vllm_compat, "
+                     "or will not start", "check")
     check.add_argument("specs", nargs="*", metavar="SPEC",
                        help="vllm==X and optionally vllm-omni==Y (default: the vllm-omni installed here); each may "
                             "also be a wheel file, an unpacked tree or a site-packages (offline)")
     check.add_argument("--newest", action="store_true", help="check the newest vLLM on the index")
-    check.add_argument("--json", action="store_true", help="print the check as JSON")
     check.add_argument("--overrides", metavar="FILE", default=None,
                        help="write the override lines that resolve the pair's dependency conflicts to FILE, for "
                             "`uv pip install vllm==X vllm-omni==Y --override FILE` (docs/dependency-drift.md)")
-    check.set_defaults(handler=_check)
     return parser
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import hashlib
 
+from .host_index import absolute_module, host_index
 from .source_tree import SourceTree
 
 # Fields that some Python versions have and others lack, or that carry no meaning for identity.
@@ -112,8 +113,6 @@ class Definitions:
     """The definitions of one tree (a wheel, an unpacked tree or a site-packages), parsed on demand."""
 
     def __init__(self, tree: SourceTree):
-        from .host_index import host_index
-
         self.tree = tree
         self.index = host_index(tree)
         self._parsed: dict[str, ast.Module | None] = {}
@@ -150,14 +149,14 @@ class Definitions:
         if found is None:
             for node in parsed.body:
                 if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
-                    source = _absolute(node, package)
+                    source = absolute_module(node, package)
                     hit = self.find(source, name, seen) if source else None
                     if hit is not None:
                         return hit
             return None
         if isinstance(found, ast.ImportFrom):
             alias = next(a for a in found.names if (a.asname or a.name) == name)
-            source = _absolute(found, package)
+            source = absolute_module(found, package)
             if source is None:
                 return None
             if self.module_file(f"{source}.{alias.name}"):
@@ -180,13 +179,3 @@ class Definitions:
         for bound, node in _bindings(parsed.body):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 yield bound, node
-
-
-def _absolute(node: ast.ImportFrom, package: str) -> str | None:
-    if not node.level:
-        return node.module
-    parts = package.split(".")
-    if node.level - 1 > len(parts):
-        return None
-    base = parts[: len(parts) - (node.level - 1)]
-    return ".".join(base + ([node.module] if node.module else []))

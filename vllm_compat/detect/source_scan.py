@@ -209,25 +209,30 @@ def summarize_module(text: str) -> ModuleSummary:
     spans = _string_spans(text)
     for start in _top_lines(text, spans):
         line = _line_at(text, start)
-        if line.startswith(("from ", "import ")):
-            summary.import_texts.append(("module", _statement(text, start)))
-            continue
-        match = _DEF.match(line)
-        if match:
-            summary.defined.add(match.group(1))
-            continue
-        match = _ASSIGN.match(line)
-        if match:
-            summary.defined.update(n.strip() for n in match.group(1).split(","))
-            if line.startswith("__all__"):
-                summary.all_names = _literal_names(_statement(text, start), summary.all_names)
-            continue
-        if line.startswith("__all__"):  # __all__ += [...] / __all__.extend([...])
+        kind = _record_binding(text, start, line, "module", summary)
+        if line.startswith("__all__"):  # __all__ = [...], and __all__ += [...] / __all__.extend([...])
             summary.all_names = _literal_names(_statement(text, start), summary.all_names)
-            continue
-        if line.startswith(_BLOCK_KEYWORDS) and not _TYPE_CHECKING_IF.match(line):
+        elif kind is None and line.startswith(_BLOCK_KEYWORDS) and not _TYPE_CHECKING_IF.match(line):
             _summarize_block(text, start, spans, summary)
     return summary
+
+
+def _record_binding(text: str, start: int, line: str, context: str, summary: ModuleSummary) -> str | None:
+    """Record in ``summary`` what the statement at ``start`` (``line``, without its indentation) binds: an import's
+    text (under ``context``), a def's or class's name, an assignment's targets. Returns which it was ("import",
+    "def", "assign"), or None for any other statement."""
+    if line.startswith(("from ", "import ")):
+        summary.import_texts.append((context, _statement(text, start)))
+        return "import"
+    match = _DEF.match(line)
+    if match:
+        summary.defined.add(match.group(1))
+        return "def"
+    match = _ASSIGN.match(line)
+    if match:
+        summary.defined.update(n.strip() for n in match.group(1).split(","))
+        return "assign"
+    return None
 
 
 def _summarize_block(text: str, header: int, spans: list[int], summary: ModuleSummary) -> None:
@@ -251,17 +256,8 @@ def _summarize_block(text: str, header: int, spans: list[int], summary: ModuleSu
         if _TYPE_CHECKING_IF.match(stripped):
             skip_below = indent
             continue
-        if stripped.startswith(("from ", "import ")):
-            summary.import_texts.append(("block", _statement(text, start)))
-            continue
-        match = _DEF.match(stripped)
-        if match:
-            summary.defined.add(match.group(1))
+        if _record_binding(text, start, stripped, "block", summary) == "def":
             skip_below = indent
-            continue
-        match = _ASSIGN.match(stripped)
-        if match:
-            summary.defined.update(n.strip() for n in match.group(1).split(","))
 
 
 def _literal_names(statement: str, current: list[str] | None) -> list[str] | None:
