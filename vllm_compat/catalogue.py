@@ -89,7 +89,9 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry("multimodal_processing_info", "stand-in", _B + "multimodal_processing_info",
           "vllm.multimodal.processing.processor", "MultiModalProcessingInfo"),
     Entry("kv_cache_configs", "stand-in", _B + "kv_cache_configs", "vllm.v1.core.kv_cache_utils", "get_kv_cache_configs"),
-    # before moved_names: on vLLM 0.32+ its target module is moved_names' alias, which revert() takes out of sys.modules
+    # before moved_names: their target modules may be moved_names' (vLLM 0.29+: the package openai.engine, 0.32+: the
+    # alias chat_utils), which its revert() takes out of sys.modules; theirs must come off first
+    Entry("openai_engine_serving", "alias", _B + "openai_engine_serving", "vllm.entrypoints.openai.engine", "serving"),
     Entry("history_tool_calls_cnt", "stand-in", _B + "history_tool_calls_cnt", "vllm.entrypoints.chat_utils",
           "get_history_tool_calls_cnt"),
     Entry("moved_names", "alias", _B + "moved_names", "vllm.env_override", "<alias table>"),
@@ -99,7 +101,7 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry("error_response_engine_text", "adapter", _B + "error_response_adapter", "vllm.entrypoints.serve.utils",
           "error_response"),
     # vllm-omni 0.24.0's server (`vllm serve --omni`) on vLLM 0.25+ (issue 24, helper H6)
-    Entry("openai_engine_serving", "alias", _B + "openai_engine_serving", "vllm.entrypoints.openai.engine", "serving"),
+    Entry("serve_server_utils", "alias", _B + "serve_server_utils", "vllm.entrypoints.serve.utils", "server_utils"),
     Entry("serve_render_serving", "stand-in", _B + "serve_render_serving", "vllm.entrypoints.serve", "render"),
     Entry("serve_disagg_serving", "stand-in", _B + "serve_disagg_serving", "vllm.entrypoints.serve", "disagg"),
     Entry("launcher_adapter", "adapter", _B + "launcher_adapter", "vllm.entrypoints", "launcher"),

@@ -61,6 +61,22 @@ def test_the_stand_in_module_is_one_marked_module_holding_the_class():
 
 
 @needs_vllm
+def test_the_module_is_made_on_first_use_as_an_importable_module(monkeypatch):
+    """A fresh process's first call (the one an import hook makes): the cache emptied for this test, put back after."""
+    monkeypatch.setattr(ip, "_stand_in_module", None)
+    made = ip.stand_in_module()
+    assert made is ip.stand_in_module() and ip._stand_in_module is made
+    assert isinstance(made, types.ModuleType) and made.__name__ == MODULE and "0.29" in made.__doc__
+    assert made.InputPreprocessor is ip.InputPreprocessor and getattr(made, MARK) == POINT.id
+    monkeypatch.setitem(sys.modules, MODULE, made)
+    spec = importlib.util.find_spec(MODULE)  # reads the registered module's __spec__
+    assert spec.name == MODULE and spec.loader is None and spec.origin == ip.__name__
+    namespace = {}
+    exec(f"from {MODULE} import InputPreprocessor", namespace)  # noqa: S102 - vllm-omni 0.24.0's statement
+    assert namespace["InputPreprocessor"] is ip.InputPreprocessor
+
+
+@needs_vllm
 def test_on_the_real_vllm_inputs_the_import_fails_without_it_and_finds_it_with_it():
     parent = importlib.import_module("vllm.inputs")
     if Path(parent.__file__).with_name("preprocess.py").exists():

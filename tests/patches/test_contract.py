@@ -87,6 +87,7 @@ def lazy_loaded(old, new):
     return type(old).__name__ == "LazyLoader" and isinstance(new, types.ModuleType) and not is_ours(new)
 
 
+targets = {entry.id: entry.target_module for entry in CATALOGUE}
 snapshots = {}
 for entry in CATALOGUE:
     module = sys.modules.get(entry.target_module)
@@ -105,12 +106,16 @@ for entry_id, (owner, before) in snapshots.items():
         k for k, v in before.items() if is_ours(v, entry_id)
         and after_revert.get(k, None) is not (unwrap(v, entry_id) if hasattr(v, "__wrapped__") else None))
     now = dict(vars(owner))
+    # a target path another bridge provided (moved_names' package, or its alias of vLLM's moved module) is out of
+    # sys.modules after revert(): its next import runs the hooks again, so what any bridge had put on this owner stays off
+    detached = sys.modules.get(targets[entry_id]) is not owner
     # what is not ours is the very same object; what is ours is this entry's again (a wrapper around the same)
     out[entry_id]["reapplied_other"] = sorted(
         k for k in set(before) | set(now) if not k.startswith("__") and before.get(k) is not now.get(k)
         and not same_install(before.get(k), now.get(k)) and not imported_meanwhile(before.get(k), now.get(k))
         and not alias_attribute_dropped(owner, k, before.get(k), now.get(k))
-        and not lazy_loaded(before.get(k), now.get(k)))
+        and not lazy_loaded(before.get(k), now.get(k))
+        and not (detached and is_ours(before.get(k)) and k not in now))
 vllm_compat.revert()
 print("RESULT" + json.dumps(out))
 """
