@@ -12,6 +12,7 @@ mutmut picks a mutant's tests from the functions it saw called in the pytest pro
 a subprocess calls is "no tests": counted as not killed here.
 
 Usage (inside the cell's env): ``python mutation/run.py [--modules GLOB ...] [--tests PATH ...] [--keep]``;
+without ``--modules`` / ``--tests`` each module group of ``PLAN`` runs with its own tests, one after the other;
 prints killed / total per module and writes ``.nox/mutants-work/summary.json``.
 """
 
@@ -30,19 +31,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".nox" / "mutants-work"
 # The drift-point and decision modules (issue 23): what decides and installs, not the generic layers.
-# The default is the scope measured in docs/mutation.md (990 mutants, ~30 min on 2 busy cores); every drift point
+# The default is the scope measured in docs/mutation.md (~950 mutants, ~1 h on 2 busy cores); every drift point
 # (``--modules "vllm_compat/patches/*.py" "vllm_compat/bridges/*.py"``) is several hours.
 MODULES = ["vllm_compat/decide.py", "vllm_compat/drift.py", "vllm_compat/bridges/input_preprocessor.py",
            "vllm_compat/bridges/_name_stand_in.py", "vllm_compat/patches/hsdp_load_order.py"]
 # Generated data and the routing table: no logic to mutate.
 NOT_MUTATED = ["vllm_compat/bridges/_alias_table.py", "vllm_compat/catalogue.py", "vllm_compat/patches/catalogue.py"]
-# The tests of those modules that run in the pytest process (mutmut learns a mutant's tests there).
-TESTS = ["tests/test_decide.py", "tests/test_drift.py", "tests/bridges/test_input_preprocessor.py", "tests/bridges/test_moved_names.py",
-         "tests/bridges/test_routed_experts_lists.py", "tests/patches/test_hsdp_load_order.py",
-         "tests/bridges/test_input_preprocessor_prompts.py", "tests/bridges/test_stand_in_refusal.py",
-         "tests/patches/test_hsdp_process_once.py", "tests/bridges/test_moved_names_targets.py",
-         "tests/bridges/test_name_stand_in_layer.py", "tests/bridges/test_input_preprocessor_layer.py",
-         "tests/patches/test_hsdp_load_order_layer.py"]
+# Each module with the tests of its behaviour that run in the pytest process (mutmut learns a mutant's tests there).
+# Run per module by default: drift.py's functions are called by nearly every test, so one selection for all five
+# makes each drift.py mutant run every selected test (hours on 2 busy cores); per module the run is minutes each.
+PLAN = [
+    (["vllm_compat/bridges/_name_stand_in.py"],
+     ["tests/bridges/test_name_stand_in_layer.py", "tests/bridges/test_stand_in_refusal.py",
+      "tests/bridges/test_routed_experts_lists.py"]),
+    (["vllm_compat/bridges/input_preprocessor.py"],
+     ["tests/bridges/test_input_preprocessor.py", "tests/bridges/test_input_preprocessor_prompts.py",
+      "tests/bridges/test_input_preprocessor_layer.py", "tests/bridges/test_stand_in_refusal.py"]),
+    (["vllm_compat/drift.py", "vllm_compat/decide.py"],
+     ["tests/test_drift.py", "tests/test_decide.py", "tests/bridges/test_stand_in_refusal.py",
+      "tests/bridges/test_name_stand_in_layer.py", "tests/patches/test_hsdp_load_order_layer.py"]),
+    (["vllm_compat/patches/hsdp_load_order.py"],
+     ["tests/patches/test_hsdp_load_order.py", "tests/patches/test_hsdp_process_once.py",
+      "tests/patches/test_hsdp_load_order_layer.py"]),
+]
+# What ``--modules`` alone selects from: every test above, and the alias table's.
+TESTS = sorted({t for _, tests in PLAN for t in tests} | {"tests/bridges/test_moved_names.py",
+                                                          "tests/bridges/test_moved_names_targets.py"})
 # Tests that only run the code in a fresh interpreter: mutmut never picks them for a mutant (it learns a mutant's
 # tests from the calls it sees in the pytest process), so running them would only cost the stats and clean runs.
 SUBPROCESS_ONLY = ("not unpatched and not imports_with_the_stand_in and not resolves_to_the_new and not old_module_path "
@@ -158,45 +172,71 @@ def render(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+LAUNCHER = ("import os, sys\n"
+            "if os.environ.pop('VLLM_COMPAT_MUTANTS_LAUNCH', None): os.environ.pop('VLLM_COMPAT_DISABLE', None)\n"
+            "assert 'vllm_compat' not in sys.modules\n"
+            "sys.argv = ['mutmut', 'run', '--max-children', sys.argv[1]]\n"
+            "import mutmut.__main__ as mutmut_main\n"
+            # mutmut's setup check makes every mutated function raise and expects a failing test; here the first
+            # such raise is in tests/conftest.py (it plans the catalogue at import), which pytest reports as a usage
+            # error (exit 4) that the check does not accept. The stats run already showed the mutated copy is the
+            # one imported (its trampolines recorded the calls).
+            "mutmut_main.run_forced_fail_test = lambda runner: None\n"
+            "from mutmut.__main__ import cli\n"
+            "cli()\n")
+
+
+def run_group(modules: list[str], tests: list[str], work: Path, args) -> tuple[int, dict, list[str], float]:
+    """mutmut over ``modules`` with ``tests`` in scratch folder ``work``: (exit code, summary, not killed, seconds)."""
     global WORK
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--modules", nargs="+", default=MODULES, help="globs of the modules to mutate")
-    parser.add_argument("--tests", nargs="+", default=TESTS, help="test files / folders mutmut selects from")
-    parser.add_argument("--keep", action="store_true", help="reuse .nox/mutants-work (mutmut's cached verdicts)")
-    parser.add_argument("--tree", action="store_true", help="mutate the working tree (default: the last commit)")
-    parser.add_argument("--rev", default="HEAD", help="the commit to mutate (default: HEAD)")
-    parser.add_argument("--work", type=Path, default=WORK, help="scratch folder (default: .nox/mutants-work)")
-    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
-    args = parser.parse_args(argv)
-    WORK = args.work.resolve()
-    _prepare(args.modules, args.tests, args.keep, args.tree, args.rev)
+    WORK = work
+    _prepare(modules, tests, args.keep, args.tree, args.rev)
     env = {**os.environ, "PYTHONPATH": str(WORK / "mutants"), "VLLM_COMPAT_TEST_WORKERS": "0",
            # The startup hook (vllm_compat_startup.pth) would import the editable, unmutated vllm_compat before
-           # mutmut puts the mutated copy first; the launcher below takes the switch off again before any test.
+           # mutmut puts the mutated copy first; the launcher takes the switch off again before any test.
            "VLLM_COMPAT_DISABLE": "1", "VLLM_COMPAT_MUTANTS_LAUNCH": "1"}
-    launcher = ("import os, sys\n"
-                "if os.environ.pop('VLLM_COMPAT_MUTANTS_LAUNCH', None): os.environ.pop('VLLM_COMPAT_DISABLE', None)\n"
-                "assert 'vllm_compat' not in sys.modules\n"
-                "sys.argv = ['mutmut', 'run', '--max-children', sys.argv[1]]\n"
-                "import mutmut.__main__ as mutmut_main\n"
-                # mutmut's setup check makes every mutated function raise and expects a failing test; here the
-                # first such raise is in tests/conftest.py (it plans the catalogue at import), which pytest reports
-                # as a usage error (exit 4) that the check does not accept. The stats run already showed the
-                # mutated copy is the one imported (its trampolines recorded the calls).
-                "mutmut_main.run_forced_fail_test = lambda runner: None\n"
-                "from mutmut.__main__ import cli\n"
-                "cli()\n")
     started = time.monotonic()
-    code = subprocess.run([sys.executable, "-c", launcher, str(args.max_children)], cwd=WORK, env=env).returncode
+    code = subprocess.run([sys.executable, "-c", LAUNCHER, str(args.max_children)], cwd=WORK, env=env).returncode
     elapsed = time.monotonic() - started
-    summary = summarize()
-    (WORK / "summary.json").write_text(json.dumps({"seconds": elapsed, "modules": summary,
-                                                   "not_killed": survivors()}, indent=1))
+    summary, not_killed = summarize(), survivors()
+    (WORK / "summary.json").write_text(json.dumps({"seconds": elapsed, "modules": summary, "tests": tests,
+                                                   "not_killed": not_killed}, indent=1))
+    print(f"{', '.join(modules)}: mutmut exit {code}, {elapsed:.0f} s; not killed: {WORK / 'summary.json'} "
+          f"(mutmut show NAME in {WORK} for a diff)", flush=True)
+    return code, summary, not_killed, elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modules", nargs="+", help="globs of the modules to mutate (default: each module of PLAN "
+                        "with its own tests, one run each)")
+    parser.add_argument("--tests", nargs="+", help="test files / folders mutmut selects from (default: PLAN's for "
+                        "the default modules, else TESTS)")
+    parser.add_argument("--keep", action="store_true", help="reuse the scratch folder (mutmut's cached verdicts)")
+    parser.add_argument("--tree", action="store_true", help="mutate the working tree (default: the last commit)")
+    parser.add_argument("--rev", default="HEAD", help="the commit to mutate (default: HEAD)")
+    parser.add_argument("--work", type=Path, default=WORK, help="scratch folder (default: .nox/mutants-work; one "
+                        "subfolder per module group for the default plan)")
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args(argv)
+    work = args.work.resolve()
+    if args.modules is None and args.tests is None:
+        groups = [(modules, tests, work / Path(modules[0]).stem) for modules, tests in PLAN]
+    else:
+        groups = [(args.modules or MODULES, args.tests or TESTS, work)]
+    codes, summary, not_killed, seconds = [], {}, [], {}
+    for modules, tests, folder in groups:
+        code, found, missed, elapsed = run_group(modules, tests, folder, args)
+        codes.append(code)
+        summary.update(found)
+        not_killed += missed
+        seconds[", ".join(modules)] = round(elapsed)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "summary.json").write_text(json.dumps({"seconds": seconds, "modules": summary, "not_killed": not_killed},
+                                                  indent=1))
     print(render(summary))
-    print(f"mutmut exit {code}, {elapsed:.0f} s; not killed: {WORK / 'summary.json'} (mutmut show NAME in "
-          f"{WORK} for a diff)")
-    return code
+    print(f"{sum(seconds.values())} s in all ({seconds}); not killed: {work / 'summary.json'}")
+    return max(codes, key=abs)
 
 
 if __name__ == "__main__":
