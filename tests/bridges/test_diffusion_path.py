@@ -25,6 +25,7 @@ import pytest
 import tomllib
 
 from conftest import OMNI_IMPORT_BLOCKERS, OMNI_VERSION, VLLM_VERSION, clean_env
+from tests.support.cell_matrix import cell_unresolved, names_an_unresolved
 from tests.support.diffusion_path import (
     missing_target,
     model_differences,
@@ -162,4 +163,7 @@ def test_without_vllm_compat_the_cell_fails_where_it_patches(cell_record, tmp_pa
     if not patched:
         assert failures == [], failures
         return
-    assert any(expected[name] in failure for name in patched for failure in failures), (patched, failures)
+    # or, with every bridge off, an earlier name vllm-omni's import reaches that the cell's matrix lists as
+    # unresolved, bridged by an entry not named above (vllm-omni 0.26.0 on 0.28-0.32: error_response, by moved_names)
+    assert any(expected[name] in failure for name in patched for failure in failures) or any(
+        names_an_unresolved(failure, cell_unresolved()) for failure in failures), (patched, failures)
