@@ -171,9 +171,16 @@ def outcome(text: str, served: bool) -> dict:
     stop_at = None
     if not served and "Traceback" in text:
         tail = text[text.rindex("Traceback"):]
-        frames = list(_FRAME.finditer(tail))
         lines = [re.sub(r"^\(\w+ pid=\d+\)\s*", "", line).strip() for line in tail.splitlines()]
         errors = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Interrupt)\b", line)]
+        # the deepest frame of an installed package (vllm-omni, vLLM, ...) in the last traceback, else in the one
+        # before it (a future re-raising in the standard library: the cause is printed first); never a path of this
+        # machine's Python
+        frames = []
+        for block in reversed(text.split("Traceback")[1:]):
+            frames = [f for f in _FRAME.finditer(block) if "site-packages/" in f["file"]]
+            if frames:
+                break
         if frames:
             where = frames[-1]["file"].split("site-packages/")[-1]
             stop_at = f"{where}:{frames[-1]['function']} {errors[-1].split(':')[0] if errors else '?'}"
