@@ -214,6 +214,11 @@ class Matcher:
             lost = sorted(n for n, m in matches.items() if m["status"] == "unresolved")
             return {"status": "unresolved", "why": f"no match for {', '.join(lost)}", "names": matches}
         hosts = {m["new"].rpartition(".")[0] for m in matches.values()}
+        # A package above the defining modules may re-export them all (vLLM 0.33's renderers.chat_utils).
+        common = _common_package(hosts)
+        while common.count(".") >= 2 and common not in hosts:
+            hosts.add(common)
+            common = common.rpartition(".")[0]
         # A module that holds each match (defines or re-exports that very definition), nearest the old path first.
         for host in sorted(hosts, key=lambda h: _path_closeness(module, h), reverse=True):
             per_name = {}
@@ -224,14 +229,38 @@ class Matcher:
                 per_name[name] = found
             else:
                 changed = {n: m for n, m in per_name.items() if m["status"] != "identical"}
-                key = hashlib.sha256(json.dumps(sorted((n, m["key"]) for n, m in per_name.items())).encode())
                 return {"status": "changed" if changed else "identical", "new": host, "names": per_name,
-                        "key": key.hexdigest()[:16],
-                        "base_key": hashlib.sha256(json.dumps(sorted(
-                            (n, m["base_key"]) for n, m in per_name.items())).encode()).hexdigest()[:16],
+                        "key": _combined({n: m["key"] for n, m in per_name.items()}),
+                        "base_key": _combined({n: m["base_key"] for n, m in per_name.items()}),
                         "similarity": min(m["similarity"] for m in per_name.values())}
-        where = ", ".join(f"{n} -> {m['new']}" for n, m in sorted(matches.items()))
-        return {"status": "unresolved", "why": f"its names went to different modules ({where})", "names": matches}
+        # Split: every name found, in several modules: the old path becomes a module of vLLM's own objects, each
+        # from its new home (``moved``). Names renamed into one module are no split (a rename: an adapter's job,
+        # as openai_engine_serving's OpenAIServing = GenerateBaseServing).
+        if len({m["new"].rpartition(".")[0] for m in matches.values()}) == 1:
+            where = ", ".join(f"{n} -> {m['new']}" for n, m in sorted(matches.items()))
+            return {"status": "unresolved", "why": f"its names went to one module under other names ({where})",
+                    "names": matches}
+        changed = {n: m for n, m in matches.items() if m["status"] != "identical"}
+        return {"status": "changed" if changed else "identical", "new": None, "names": matches,
+                "moved": {n: m["new"] for n, m in sorted(matches.items())},
+                "key": _combined({n: m["key"] for n, m in matches.items()}),
+                "base_key": _combined({n: m["base_key"] for n, m in matches.items()}),
+                "similarity": min(m["similarity"] for m in matches.values())}
+
+
+def _common_package(modules: set[str]) -> str:
+    parts = [m.split(".") for m in modules]
+    common = []
+    for group in zip(*parts, strict=False):
+        if len(set(group)) != 1:
+            break
+        common.append(group[0])
+    return ".".join(common)
+
+
+def _combined(keys: dict) -> str:
+    """A module row's key: its names' keys together (``moved_names.combined_key`` re-computes it)."""
+    return hashlib.sha256(json.dumps(sorted(keys.items())).encode()).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------------ vllm-omni side
@@ -345,7 +374,8 @@ def measure(wheel_dir: Path | None, cache: Path) -> tuple[list[dict], dict]:
                                 "key": found["key"], "base_key": found["base_key"],
                                 "similarity": found["similarity"], "omni": omni, "vllm": version,
                                 "importers": files, "path": where,
-                                "names": sorted(found.get("names", {})) if kind == "module" else []})
+                                "names": sorted(found.get("names", {})) if kind == "module" else [],
+                                "moved": found.get("moved") or {}})
             cache.mkdir(parents=True, exist_ok=True)
             cached.write_text(json.dumps({"results": results[first:], "unresolved": cell}))
     return results, unresolved
@@ -364,11 +394,11 @@ def merge(results: list[dict], reviews: dict) -> list[dict]:
     """One row per (old, new, new definition's key): the vLLM and vllm-omni releases it serves, the review."""
     rows: dict = {}
     for r in results:
-        key = (r["old"], r["new"], r["key"])
+        key = (r["old"], r["new"] or "", r["key"])
         row = rows.setdefault(key, {"old": r["old"], "new": r["new"], "kind": r["kind"], "match": r["status"],
                                     "key": r["key"], "base_keys": set(), "similarity": r["similarity"],
                                     "vllm": set(), "omni": set(), "importers": set(), "path": r["path"],
-                                    "names": r["names"]})
+                                    "names": r["names"], "moved": r.get("moved") or {}})
         if r["status"] == "changed":
             row["match"] = "changed"  # changed against any base is changed
         row["similarity"] = min(row["similarity"], r["similarity"])
@@ -379,18 +409,25 @@ def merge(results: list[dict], reviews: dict) -> list[dict]:
         if r["path"] == "diffusion":
             row["path"] = "diffusion"
     out = []
-    for (old, new, key), row in sorted(rows.items()):
-        review = reviews.get(f"{old} -> {new} @ {key}")
+    for (old, _, key), row in sorted(rows.items()):
+        new = row["new"]
+        review = reviews.get(f"{old} -> {_review_target(row)} @ {key}")
         versions = sorted(row["vllm"], key=_version_key)
         out.append({
             "old": old, "new": new, "kind": row["kind"], "match": row["match"], "key": key,
             "similarity": row["similarity"], "vllm": (versions[0], versions[-1]),
             "omni": tuple(sorted(row["omni"], key=_version_key)), "importers": tuple(sorted(row["importers"])),
-            "path": row["path"], "names": tuple(row["names"]),
+            "path": row["path"], "names": tuple(row["names"]), "moved": tuple(sorted(row["moved"].items())),
             "verdict": None if row["match"] == "identical" or review is None else review["verdict"],
             "reason": None if row["match"] == "identical" or review is None else review["reason"],
         })
     return out
+
+
+def _review_target(row: dict) -> str:
+    """What a review names as ``new``: the new module, or for a split module ``"split"`` (its key covers every
+    name's new definition)."""
+    return row["new"] if row["new"] is not None else "split"
 
 
 HEADER = '''"""The alias table: vLLM names vllm-omni imports that moved, old path -> new definition, matched by source.
@@ -398,14 +435,28 @@ HEADER = '''"""The alias table: vLLM names vllm-omni imports that moved, old pat
 GENERATED by ``python matrix/aliases.py`` from the release wheels (vllm-omni {omni}, each against the vLLM it was
 built with and every newer vLLM of matrix/vllm.toml: {vllm}); do not edit. Review verdicts for changed
 definitions live in matrix/alias_reviews.toml and are copied here; ``nox -s refresh`` fails when this file is stale.
-
-Each row: ``old`` (what vllm-omni imports), ``new`` (where that definition is now), ``kind`` ("name", or "module"
-for a module that moved whole: ``names`` lists what vllm-omni takes from it), ``match`` ("identical": the same
-normalized source; "changed": edited, installed only with ``verdict`` "accept"), ``key`` (``source_key`` of the
-new definition; for a module, of its names: the bridge re-checks it on the installed vLLM), ``vllm`` (first and
-last release of the matrix where it was found), ``omni`` (vllm-omni releases importing it), ``importers`` (their
-files), ``path`` ("diffusion" when the diffusion path reaches it, else "serving").
+One ``Alias`` a line (as six's ``MovedAttribute`` rows): the fields say what each holds.
 """
+
+from typing import NamedTuple
+
+
+class Alias(NamedTuple):
+    old: str  # what vllm-omni imports: a module.name, or a module
+    new: str | None  # where that definition is now (a module for kind "module"); None for a split module
+    kind: str  # "name", or "module" for a module that moved whole (or split: see moved)
+    match: str  # "identical" (same normalized source) or "changed" (edited: installed only with verdict "accept")
+    key: str  # source_key of the new definition; for a module, of its names together (re-checked when installed)
+    similarity: float  # the least line similarity of a changed definition to the old one (1.0: identical)
+    vllm: tuple[str, str]  # first and last vLLM release of the matrix where it was found
+    omni: tuple[str, ...]  # vllm-omni releases importing it
+    importers: tuple[str, ...]  # their files
+    path: str  # "diffusion" when the diffusion path reaches it, else "serving"
+    names: tuple[str, ...]  # for a module: the names vllm-omni takes from it
+    moved: tuple[tuple[str, str], ...]  # for a split module: (name, "new.module.name") each, from several modules
+    verdict: str | None  # the review of a changed row: "accept" | "reject" | None (unreviewed)
+    reason: str | None  # the review's one-line reason
+
 
 # fmt: off
 ALIASES = (
@@ -415,7 +466,7 @@ ALIASES = (
 def render(rows: list[dict]) -> str:
     lines = [HEADER.format(omni=", ".join(BASES), vllm=", ".join(vllm_versions()))]
     for row in rows:
-        lines.append("    {\n" + "".join(f"        {k!r}: {v!r},\n" for k, v in row.items()) + "    },\n")
+        lines.append("    Alias(" + ", ".join(f"{k}={v!r}" for k, v in row.items()) + "),\n")
     lines.append(")\n")
     return "".join(lines)
 
@@ -436,7 +487,7 @@ def report(rows: list[dict], unresolved: dict) -> None:
     print(f"{'old':<72} {'new':<72} match     vLLM         omni")
     for row in rows:
         review = "" if row["match"] == "identical" else f" [{row['verdict'] or 'UNREVIEWED'}]"
-        print(f"{row['old']:<72} {row['new']:<72} {row['match']:<9} {row['vllm'][0]}-{row['vllm'][1]:<7} "
+        print(f"{row['old']:<72} {_review_target(row):<72} {row['match']:<9} {row['vllm'][0]}-{row['vllm'][1]:<7} "
               f"{','.join(row['omni'])}{review}")
     print("\nunresolved (no definition of the same source, nor a close one):")
     for cell, parts in unresolved.items():
@@ -463,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{len(unreviewed)} changed pair(s) not reviewed (not installed until matrix/alias_reviews.toml "
               "has a verdict):")
         for r in unreviewed:
-            print(f'  [[review]]\n  old = "{r["old"]}"\n  new = "{r["new"]}"\n  key = "{r["key"]}"  '
+            print(f'  [[review]]\n  old = "{r["old"]}"\n  new = "{_review_target(r)}"\n  key = "{r["key"]}"  '
                   f"# similarity {r['similarity']}")
     current = TABLE.read_text() if TABLE.exists() else ""
     if args.check:

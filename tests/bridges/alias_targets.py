@@ -74,9 +74,10 @@ def record(out: Path) -> dict:
 
     from vllm_compat.bridges.moved_names import table
 
-    rows = {}
+    names: dict = {}  # every name vllm-omni takes from an old module, over all of its rows
     for row in table():
-        rows.setdefault(row["old"], resolve(row["old"], row["kind"], row.get("names") or ()))
+        names.setdefault((row.old, row.kind), set()).update(row.names)
+    rows = {old: resolve(old, kind, sorted(found)) for (old, kind), found in sorted(names.items())}
     result = {"vllm": vllm.__version__, "old_paths": rows}
     out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     return result

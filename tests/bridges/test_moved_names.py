@@ -23,12 +23,13 @@ ROOT = Path(__file__).resolve().parents[2]
 STATIC = bridge.DRIFT_POINT.detect_static(StaticSite.installed())
 NAME_ALIASES = [a for a in STATIC.installable if a.kind == "name"]
 MODULE_ALIASES = [a for a in STATIC.installable if a.kind == "module"]
+WHOLE_MODULE_ALIASES = [a for a in MODULE_ALIASES if not a.moved]  # split modules: test_moved_names_split.py
 HAS_IT = [a for a in STATIC.aliases if a.state == bridge.State.VLLM_HAS_IT]
 needs_name_alias = pytest.mark.skipif(
     not NAME_ALIASES, reason="needs a vLLM that moved a name the installed vllm-omni imports (identical or accepted "
     f"in the alias table); here: {sorted({a.state for a in STATIC.aliases}) or STATIC.host}")
 needs_module_alias = pytest.mark.skipif(
-    not MODULE_ALIASES, reason="needs a vLLM that moved a whole module the installed vllm-omni imports (identical or "
+    not WHOLE_MODULE_ALIASES, reason="needs a vLLM that moved a whole module the installed vllm-omni imports (identical or "
     "accepted in the alias table)")
 # Old paths of the table another bridge provides here (a stand-in; vLLM 0.31-0.33 + vllm-omni 0.30.0:
 # processing.processor.MultiModalProcessingInfo, a rejected row, by multimodal_processing_info).
@@ -60,15 +61,16 @@ def test_decision_table():
 
 def test_table_rows_are_well_formed_and_no_unreviewed_changed_pair_is_installable():
     for row in bridge.table():
-        assert row["match"] in ("identical", "changed"), row
-        assert row["kind"] in ("name", "module"), row
-        if row["match"] == "identical":
-            assert row["verdict"] is None
+        assert row.match in ("identical", "changed"), row
+        assert row.kind in ("name", "module"), row
+        assert (row.new is None) == bool(row.moved), row  # one new home, or a split module's per-name homes
+        if row.match == "identical":
+            assert row.verdict is None
         else:
-            assert row["verdict"] in (None, "accept", "reject") and (row["verdict"] is None) == (row["reason"] is None)
+            assert row.verdict in (None, "accept", "reject") and (row.verdict is None) == (row.reason is None)
             state = bridge._review_state(row)
-            assert state == (bridge.State.ALIAS if row["verdict"] == "accept" else
-                             bridge.State.REJECTED if row["verdict"] == "reject" else bridge.State.UNREVIEWED)
+            assert state == (bridge.State.ALIAS if row.verdict == "accept" else
+                             bridge.State.REJECTED if row.verdict == "reject" else bridge.State.UNREVIEWED)
 
 
 @needs_vllm
@@ -191,7 +193,7 @@ def test_import_drift_names_the_alias_entry_for_each_aliased_name():
     for controls, bridged in ((Controls(), True), (Controls(disabled_patches=frozenset({bridge.DRIFT_POINT.entry.id})), False)):
         report = Report(mode="static", static=site.environment, patches=[d for _, _, d in plan(site, controls)])
         drift = report.import_drift
-        for fact in NAME_ALIASES:
+        for fact in NAME_ALIASES + MODULE_ALIASES:  # a moved or split module is one unresolved target too
             if fact.old in drift.names:
                 assert drift.bridged_by(fact.old) == (bridge.DRIFT_POINT.entry.id if bridged else None)
                 assert report.to_dict()["import_drift"]["bridged"].get(fact.old) == (
@@ -201,7 +203,7 @@ def test_import_drift_names_the_alias_entry_for_each_aliased_name():
 @needs_module_alias
 @needs_startup_hook
 def test_old_module_path_is_the_new_module_and_revert_removes_it():
-    fact = MODULE_ALIASES[0]
+    fact = WHOLE_MODULE_ALIASES[0]
     result = run_python(f"""
         import json, sys
         import vllm_compat
@@ -273,20 +275,20 @@ def test_generator_never_aliases_a_same_named_unrelated_definition(tmp_path):
     found = matcher.match_name(old_module, "MultiModalProcessingInfo")
     assert found.get("new") != f"{unrelated}.MultiModalProcessingInfo", found
     assert found["status"] != "identical"
-    rows = [r for r in bridge.table() if r["old"] == f"{old_module}.MultiModalProcessingInfo"]
-    assert all(r["new"] != f"{unrelated}.MultiModalProcessingInfo" for r in rows)
+    rows = [r for r in bridge.table() if r.old == f"{old_module}.MultiModalProcessingInfo"]
+    assert all(r.new != f"{unrelated}.MultiModalProcessingInfo" for r in rows)
     assert all(bridge._review_state(r) != bridge.State.ALIAS for r in rows)  # the rename added a required field
 
     # an identical definition that moved is found by source (the table's identical rows re-checked)
-    identical = [r for r in bridge.table() if r["match"] == "identical" and r["kind"] == "name"
-                 and r["vllm"][0] == r["vllm"][1] == "0.33.0"]
+    identical = [r for r in bridge.table() if r.match == "identical" and r.kind == "name"
+                 and r.vllm[0] == r.vllm[1] == "0.33.0"]
     new33 = _wheel("vllm-0.33.0-*.whl")
     if identical and new33 and _wheel("vllm-0.24.0-*.whl"):
         row = identical[0]
-        module, name = row["old"].rsplit(".", 1)
+        module, name = row.old.rsplit(".", 1)
         matcher = aliases.Matcher(Definitions(SourceTree(_wheel("vllm-0.24.0-*.whl"))), Definitions(SourceTree(new33)),
                                   aliases.tree_index(new33, aliases.DEFAULT_CACHE))
-        assert matcher.match_name(module, name)["new"] == row["new"]
+        assert matcher.match_name(module, name)["new"] == row.new
 
 
 def test_source_key_ignores_docstrings_and_layout_but_not_code():

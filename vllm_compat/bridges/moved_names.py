@@ -12,14 +12,18 @@ installed vllm-omni imports the old path (read from its files). The hook on ``vl
 ``import vllm`` runs, before any ``vllm.x`` submodule; registered by the startup ``.pth``) puts the mechanism in place:
 a post-import hook per old module for names, a meta-path finder for whole modules. Never replaces what vLLM defines:
 a name the old module binds, or a module any other finder finds, is left alone.
-Serves: vllm-omni 0.24.0 and 0.30.0 on vLLM 0.25-0.33, per row of the table (its vllm / omni fields).
+Serves: vllm-omni 0.24.0, 0.26.0, 0.28.0 and 0.30.0 on vLLM 0.25-0.34, per row of the table (its vllm / omni fields).
 Retire when: the oldest supported vllm-omni imports none of the table's old paths (regenerate, the table empties).
 
 A name alias is set on the old module right after it is imported (the new module imported then, or, if it is
 itself mid-import, right after it finishes). A module alias is the new module object itself, registered under the
-old name by the import system through our finder (its ``__spec__`` left as the new module's). Uninstall removes
-exactly what was added (attributes, ``sys.modules`` entries, the parent attribute the import system set, the finder)
-and idles the per-module hooks. This module imports neither torch nor vLLM, and reads the table only when asked.
+old name by the import system through our finder (its ``__spec__`` left as the new module's). A split module (its
+names went to several modules: vLLM 0.29+'s ``openai.engine.protocol``) is a module object of ours whose names are
+vLLM's own objects, each looked up in its new home on first access; the packages above a module alias that vLLM
+dropped too (``openai.engine``) are created empty, through the same finder, so other bridges' hooks on them run.
+Uninstall removes exactly what was added (attributes, ``sys.modules`` entries, the parent attribute the import
+system set, the finder) and idles the per-module hooks. This module imports neither torch nor vLLM, and reads the
+table only when asked.
 """
 
 from __future__ import annotations
@@ -50,10 +54,19 @@ class State:
 @dataclass(frozen=True)
 class AliasFact:
     old: str
-    new: str | None  # the table row that applies; None when none does
+    new: str | None  # the table row that applies; None when none does (and for a split module: see ``moved``)
     kind: str  # "name" | "module"
     state: str
     importers: tuple[str, ...] = ()
+    moved: tuple[tuple[str, str], ...] = ()  # a split module: (name, "new.module.name") each
+    parents: tuple[str, ...] = ()  # packages of the old path vLLM lacks too, outermost first: created with it
+
+    @property
+    def target(self) -> str:
+        """Where the old path resolves to, in words: the new path, or each name's new home."""
+        if self.new is not None or not self.moved:
+            return str(self.new)
+        return "{" + ", ".join(f"{name}: {new}" for name, new in self.moved) + "}"
 
 
 @dataclass(frozen=True)
@@ -72,7 +85,8 @@ class AliasFacts:
         return asdict(self)
 
 
-def table() -> tuple[dict, ...]:
+def table() -> tuple:
+    """The generated rows (``_alias_table.Alias``, one typed row each)."""
     from ._alias_table import ALIASES
 
     return ALIASES
@@ -80,7 +94,13 @@ def table() -> tuple[dict, ...]:
 
 def old_names() -> tuple[str, ...]:
     """Every old path of the table (what this entry can provide on some vLLM)."""
-    return tuple(sorted({row["old"] for row in table()}))
+    return tuple(sorted({row.old for row in table()}))
+
+
+def provided_packages(facts: AliasFacts) -> tuple[str, ...]:
+    """The packages vLLM lacks that the installable module aliases create above their old paths (vLLM 0.29+:
+    ``vllm.entrypoints.openai.engine`` for its split ``protocol``), outermost first."""
+    return tuple(dict.fromkeys(p for fact in facts.installable for p in fact.parents))
 
 
 def _split(path: str, kind: str) -> tuple[str, str | None]:
@@ -92,18 +112,32 @@ def combined_key(keys: dict) -> str:
     return hashlib.sha256(json.dumps(sorted(keys.items())).encode()).hexdigest()[:16]
 
 
-def _new_key(defs, row: dict) -> str | None:
-    if row["kind"] == "module":
-        keys = {name: defs.definition_key(row["new"], name) for name in row["names"]}
+def _new_key(defs, row) -> str | None:
+    if row.kind == "module":
+        if row.moved:  # a split module: each name's key where it went
+            keys = {name: defs.definition_key(*new.rsplit(".", 1)) for name, new in row.moved}
+        else:
+            keys = {name: defs.definition_key(row.new, name) for name in row.names}
         return None if None in keys.values() else combined_key(keys)
-    module, name = row["new"].rsplit(".", 1)
+    module, name = row.new.rsplit(".", 1)
     return defs.definition_key(module, name)
 
 
-def _review_state(row: dict) -> str:
-    if row["match"] == "identical" or row.get("verdict") == "accept":
+def _review_state(row) -> str:
+    if row.match == "identical" or row.verdict == "accept":
         return State.ALIAS
-    return State.REJECTED if row.get("verdict") == "reject" else State.UNREVIEWED
+    return State.REJECTED if row.verdict == "reject" else State.UNREVIEWED
+
+
+def _missing_packages(defs, module: str) -> tuple[str, ...] | None:
+    """The packages above ``module`` that vLLM's files lack, outermost first (empty when its parent exists); None
+    when not even ``vllm`` is there."""
+    missing = []
+    package = module.rpartition(".")[0]
+    while package and defs.index.module_file(package) is None:
+        missing.append(package)
+        package = package.rpartition(".")[0]
+    return tuple(reversed(missing)) if package else None
 
 
 def detect_facts(vllm_tree, omni_tree) -> AliasFacts:
@@ -113,28 +147,30 @@ def detect_facts(vllm_tree, omni_tree) -> AliasFacts:
     from ..detect.definitions import Definitions
 
     defs = Definitions(vllm_tree)
-    rows_by_old: dict[str, list[dict]] = {}
+    rows_by_old: dict[str, list] = {}
     for row in table():
-        rows_by_old.setdefault(row["old"], []).append(row)
+        rows_by_old.setdefault(row.old, []).append(row)
     facts = []
     for old, rows in sorted(rows_by_old.items()):
-        kind = rows[0]["kind"]
+        kind = rows[0].kind
         module, name = _split(old, kind)
         host = host_lookup(vllm_tree, module, name)
         if host in (HostKind.DEFINES, HostKind.UNKNOWN):
             facts.append(AliasFact(old, None, kind, State.VLLM_HAS_IT if host == HostKind.DEFINES else State.UNKNOWN))
             continue
-        parent = module.rpartition(".")[0] if kind == "module" else module
-        if kind == "name" and host == HostKind.NO_MODULE or kind == "module" and defs.index.module_file(parent) is None:
+        # a module alias creates the packages above it that vLLM dropped too (as empty packages); a name needs its module
+        parents = _missing_packages(defs, module) if kind == "module" else ()
+        if kind == "name" and host == HostKind.NO_MODULE or parents is None:
             facts.append(AliasFact(old, None, kind, State.NO_PARENT))
             continue
-        row = next((r for r in rows if _new_key(defs, r) == r["key"]), None)
+        # a whole-module row before a split one of the same key (vLLM's own module object where there is one)
+        row = next((r for r in sorted(rows, key=lambda r: bool(r.moved)) if _new_key(defs, r) == r.key), None)
         if row is None:
             facts.append(AliasFact(old, None, kind, State.NO_MATCH))
             continue
-        importers = omni_importers(omni_tree, row["importers"], module, name)
+        importers = omni_importers(omni_tree, row.importers, module, name)
         state = _review_state(row) if importers else State.NOT_IMPORTED
-        facts.append(AliasFact(old, row["new"], kind, state, importers))
+        facts.append(AliasFact(old, row.new, kind, state, importers, row.moved, parents))
     return AliasFacts(HostKind.LACKS, tuple(facts))
 
 
@@ -157,17 +193,60 @@ class _AliasLoader:
         module.__spec__ = self._spec
 
 
+class _MadeLoader:
+    """Makes a module vLLM lacks: an empty package above an aliased old module, or a split module, whose names are
+    vLLM's own objects (the stand-ins' ``Moved``), each imported from its new home when first read and kept (the
+    old module may be imported while vLLM's packages still import each other). Marked as ``moved_names``'."""
+
+    def __init__(self, moved: tuple[tuple[str, str], ...] = ()):
+        self.moved = moved
+
+    def create_module(self, spec):
+        return None  # the default module object (a package gets ``__path__`` from the spec)
+
+    def exec_module(self, module):
+        from ..drift import mark
+
+        mark(module, DRIFT_POINT.entry.id)
+        if self.moved:
+            module.__getattr__ = _lazy_members(module, self.moved)
+
+
+def _lazy_members(module, moved: tuple[tuple[str, str], ...]):
+    """A split module's ``__getattr__`` (PEP 562): each name vLLM's own object in its new home, imported on first
+    read and kept on the module; any other name an AttributeError saying what the module holds."""
+    try:  # the stand-ins' shared layer (its home moves while the serve stand-ins are de-duplicated)
+        from ._module_stand_in import Moved
+    except ImportError:
+        from ._serve_module_stand_in import Moved
+    members = {name: Moved(*new.rsplit(".", 1)) for name, new in moved}
+
+    def __getattr__(name: str):
+        found = members.get(name)
+        if found is None:
+            raise AttributeError(name if name.startswith("__") else
+                                 f"module {module.__name__!r} has no attribute {name!r} (vllm_compat's alias of a "
+                                 f"module vLLM split holds only {', '.join(sorted(members))})")
+        value = getattr(importlib.import_module(found.module), found.name)
+        setattr(module, name, value)
+        return value
+
+    return __getattr__
+
+
 class AliasFinder:
-    """Answers only for the old module paths it was given, and only when no other finder finds them."""
+    """Answers only for the old module paths (and missing packages above them) it was given, and only when no
+    other finder finds them."""
 
     _vllm_compat_alias_finder = True
 
     def __init__(self):
         self.modules: dict[str, str] = {}  # old module -> new module
+        self.split: dict[str, tuple[tuple[str, str], ...]] = {}  # old module -> (name, new path) each
+        self.packages: set[str] = set()  # packages vLLM lacks above an old module
 
     def find_spec(self, fullname, path=None, target=None):
-        new = self.modules.get(fullname)
-        if new is None:
+        if fullname not in self.modules and fullname not in self.split and fullname not in self.packages:
             return None
         for finder in sys.meta_path:
             if finder is self or getattr(finder, "_vllm_compat_finder", False) or not hasattr(finder, "find_spec"):
@@ -176,7 +255,20 @@ class AliasFinder:
                 return None  # vLLM has the module: never shadow it
         from importlib.machinery import ModuleSpec
 
-        return ModuleSpec(fullname, _AliasLoader(new), origin=f"vllm_compat alias of {new}")
+        if fullname in self.modules:
+            new = self.modules[fullname]
+            return ModuleSpec(fullname, _AliasLoader(new), origin=f"vllm_compat alias of {new}")
+        if fullname in self.split:
+            return ModuleSpec(fullname, _MadeLoader(self.split[fullname]), origin="vllm_compat split-module alias")
+        return ModuleSpec(fullname, _MadeLoader(), origin="vllm_compat package above an alias", is_package=True)
+
+    def clear(self) -> None:
+        self.modules.clear()
+        self.split.clear()
+        self.packages.clear()
+
+    def has_paths(self) -> bool:
+        return bool(self.modules or self.split or self.packages)
 
 
 _finder = AliasFinder()
@@ -260,6 +352,8 @@ class MovedNames(DriftPoint):
         return AliasFacts(facts.host, tuple(live))
 
     def decide(self, facts: AliasFacts, controls) -> Decision:
+        """Patched where any old path is installable; ``provides`` names each, and each package created above
+        one (``provided_packages``)."""
         if facts.host == HostKind.ABSENT:
             return self.decision(Action.PENDING, "vLLM is not installed; decided when it is imported")
         aliased = facts.installable
@@ -269,19 +363,23 @@ class MovedNames(DriftPoint):
         if not aliased:
             return self.decision(Action.SKIPPED, "no moved name of the alias table is both missing from this vLLM and "
                                   f"imported by an installed vllm-omni{held_note}")
-        pairs = ", ".join(f"{a.old} -> {a.new}" for a in aliased)
+        pairs = ", ".join(f"{a.old} -> {a.target}" for a in aliased)
+        packages = provided_packages(facts)
+        created = f" (with the package(s) vLLM dropped above them: {', '.join(packages)})" if packages else ""
         return self.decision(Action.PATCHED, f"vLLM lacks {len(aliased)} old path(s) vllm-omni imports; aliased to the "
-                              f"same definitions' new homes: {pairs}{held_note}",
-                              provides=tuple(a.old for a in aliased))
+                              f"same definitions' new homes: {pairs}{created}{held_note}",
+                              provides=(*packages, *(a.old for a in aliased)))
 
     def prepare(self, owner, facts: AliasFacts) -> tuple[AliasFact, ...]:
         """The contract: no old module that is to be aliased is in ``sys.modules`` as something that is not ours."""
         for fact in facts.installable:
             if fact.kind == "module":
-                current = sys.modules.get(fact.old)
-                if current is not None and current is not sys.modules.get(fact.new):
-                    raise PatchRefusedError(f"{fact.old} is imported already ({current!r}); vllm_compat never replaces a "
-                                            "module vLLM defines. Left as it is.")
+                for path in (*fact.parents, fact.old):
+                    current = sys.modules.get(path)
+                    if current is not None and not is_ours(current, self.entry.id) and (
+                            path != fact.old or fact.new is None or current is not sys.modules.get(fact.new)):
+                        raise PatchRefusedError(f"{path} is imported already ({current!r}); vllm_compat never replaces "
+                                                "a module vLLM defines. Left as it is.")
         return facts.installable
 
     def install(self, owner, decision: Decision, state) -> bool:
@@ -291,7 +389,15 @@ class MovedNames(DriftPoint):
         added = False
         for fact in state or ():
             if fact.kind == "module":
-                if _finder.modules.get(fact.old) != fact.new:
+                for package in fact.parents:
+                    if package not in _finder.packages:
+                        _finder.packages.add(package)
+                        added = True
+                if fact.moved:
+                    if _finder.split.get(fact.old) != fact.moved:
+                        _finder.split[fact.old] = fact.moved
+                        added = True
+                elif _finder.modules.get(fact.old) != fact.new:
                     _finder.modules[fact.old] = fact.new
                     added = True
                 continue
@@ -300,7 +406,7 @@ class MovedNames(DriftPoint):
             if names.get(name) != fact.new:
                 names[name] = fact.new
                 added = True
-        if _finder.modules and _finder not in sys.meta_path:
+        if _finder.has_paths() and _finder not in sys.meta_path:
             # After vllm_compat's post-import finder, so an aliased module still gets its hooks.
             hooks = [i for i, f in enumerate(sys.meta_path) if getattr(f, "_vllm_compat_finder", False)]
             sys.meta_path.insert(hooks[0] + 1 if hooks else 0, _finder)
@@ -320,16 +426,18 @@ class MovedNames(DriftPoint):
             if vars(target).get(name) is value:
                 delattr(target, name)
                 removed = True
-        for old, new in list(_finder.modules.items()):
+        made = [*_finder.split, *sorted(_finder.packages, key=len, reverse=True)]  # innermost first
+        for old in [*_finder.modules, *made]:
             module = sys.modules.get(old)
-            if module is not None and module is sys.modules.get(new):
+            new = _finder.modules.get(old)
+            if module is not None and (module is sys.modules.get(new) if new else is_ours(module, self.entry.id)):
                 del sys.modules[old]
                 removed = True
                 parent, _, leaf = old.rpartition(".")
                 parent_module = sys.modules.get(parent)
                 if parent_module is not None and vars(parent_module).get(leaf) is module:
                     delattr(parent_module, leaf)
-        _finder.modules.clear()
+        _finder.clear()
         if _finder in sys.meta_path:
             sys.meta_path.remove(_finder)
             removed = True
@@ -351,9 +459,9 @@ class MovedNames(DriftPoint):
         differences = []
         for fact in runtime.aliases:
             other = before.get(fact.old)
-            if other is None or (other.new, other.state, other.importers) != (fact.new, fact.state, fact.importers):
-                differences.append(f"{fact.old}: {other and (other.new, other.state, list(other.importers))} (files) != "
-                                   f"{(fact.new, fact.state, list(fact.importers))} (imported)")
+            if other != fact:
+                differences.append(f"{fact.old}: {other and (other.target, other.state, list(other.importers), other.parents)}"
+                                   f" (files) != {(fact.target, fact.state, list(fact.importers), fact.parents)} (imported)")
         return differences
 
 
