@@ -1,6 +1,7 @@
-"""What every module stand-in's tests check, on the real wheels (tests/bridges/test_v1_*.py and
-test_error_response_engine_text.py call these with their bridge): the decision table, the two detections agreeing,
-install / uninstall exact, and staying out where vLLM ships the module."""
+"""What every module stand-in's tests check, on the real wheels (tests/bridges/test_v1_*.py,
+test_error_response_engine_text.py and serve_stand_in_cases.py call these with their bridge): the decision table,
+the two detections agreeing, the real ImportError without the bridge, install / uninstall exact, and staying out where
+vLLM ships the module."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 
 import pytest
 
+from conftest import run_python
 from vllm_compat.bridges import HostKind, StandInFacts, is_ours
 from vllm_compat.bridges._module_stand_in import ModuleStandInFacts
 from vllm_compat.config import Controls
@@ -40,6 +42,22 @@ def check_decision(point, facts, action):
 def check_static_and_runtime_agree(point, static):
     module = importlib.import_module(point.target_module)
     assert point.compare(static, point.detect_runtime(module)) == []
+
+
+def unpatched_import_error(statement: str, entry_id: str) -> str:
+    """``"<exception type> <message>"`` of the ImportError that ``statement`` (one import) raises in a fresh
+    interpreter with ``entry_id`` disabled and the other bridges on (the bug as reported), or ``"imported"``."""
+    result = run_python(f"""
+        try:
+            {statement}
+        except ImportError as exc:
+            print("IMPORT-ERROR", type(exc).__name__, exc)
+        else:
+            print("IMPORT-ERROR imported")
+        """, env={"VLLM_COMPAT_DISABLE_PATCHES": entry_id}, warm=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "IMPORT-ERROR " in result.stdout, result.stdout[-2000:]
+    return result.stdout.split("IMPORT-ERROR ", 1)[1].splitlines()[0]
 
 
 def check_install_uninstall_exact(point):
@@ -75,7 +93,7 @@ def check_stays_out(point):
     own = importlib.import_module(point.old_module)
     decisions = {d.name: d for d in vllm_compat.apply()}
     assert decisions[point.id].action == Action.SKIPPED, decisions[point.id].reason
-    assert not is_ours(own) and own.__file__ and sys.modules[point.old_module] is own
+    assert not is_ours(own) and own.__file__ and "vllm_compat" not in own.__file__ and sys.modules[point.old_module] is own
     owner = importlib.import_module(point.target_module)
     with pytest.raises(Exception, match="never replaces a module vLLM defines"):
         point.prepare(owner, point.detect_runtime(owner))

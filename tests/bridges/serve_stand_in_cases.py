@@ -9,12 +9,16 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import sys
 
 import pytest
 
 from conftest import needs_startup_hook, needs_vllm, run_python
-from vllm_compat.bridges import HostKind, StandInFacts, is_ours
+from tests.bridges.module_stand_in_cases import (
+    check_install_uninstall_exact,
+    check_stays_out,
+    unpatched_import_error,
+)
+from vllm_compat.bridges import HostKind, StandInFacts
 from vllm_compat.config import Controls
 from vllm_compat.decide import Action, decide_entry
 from vllm_compat.detect.static import StaticSite
@@ -89,17 +93,7 @@ def cases(bridge, probe: str = SERVER) -> dict:
     @needs_missing
     def test_unpatched_server_import_fails_with_the_real_error():
         """Without this bridge (the others on), vllm-omni's server module dies on this module, as the bug report."""
-        result = run_python(
-            f"""
-            try:
-                import {probe}
-            except ImportError as exc:
-                print("IMPORT-ERROR", type(exc).__name__, exc)
-            else:
-                print("IMPORTED")
-            """, env={"VLLM_COMPAT_DISABLE_PATCHES": point.id}, warm=True)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert f"IMPORT-ERROR ModuleNotFoundError {missing}" in result.stdout, result.stdout[-2000:]
+        assert f"ModuleNotFoundError {missing}" in unpatched_import_error(f"import {probe}", point.id)
 
     @needs_missing
     @needs_startup_hook
@@ -136,38 +130,11 @@ def cases(bridge, probe: str = SERVER) -> dict:
 
     @needs_missing
     def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
-        parent = importlib.import_module(point.target_module)
-        had = {n: sys.modules.get(n) for n in point.chain()}
-        had_attr = vars(parent).get(point.target)
-        try:
-            point.uninstall(parent)
-            names, modules = set(vars(parent)), set(sys.modules)
-            decision = point.decide(point.detect_runtime(parent), Controls())
-            assert decision.action == Action.PATCHED
-            assert point.install(parent, decision, point.prepare(parent, static)) is True
-            assert point.install(parent, decision, None) is False
-            assert set(vars(parent)) - names == {point.target} and set(sys.modules) - modules == set(point.chain())
-            assert all(is_ours(sys.modules[n], point.id) for n in point.chain())
-            assert point.uninstall(parent) is True and set(vars(parent)) == names and set(sys.modules) == modules
-            assert point.uninstall(parent) is False
-        finally:
-            for name, module in had.items():
-                if module is not None:
-                    sys.modules[name] = module
-            if had_attr is not None:
-                setattr(parent, point.target, had_attr)
+        check_install_uninstall_exact(point)
 
     @needs_vllm_with_it
     def test_stays_out_where_vllm_has_the_module():
-        import vllm_compat
-
-        decisions = {d.name: d for d in vllm_compat.apply()}
-        assert decisions[point.id].action == Action.SKIPPED, decisions[point.id]
-        own = importlib.import_module(point.old_module)
-        assert not is_ours(own) and own.__file__ and "vllm_compat" not in own.__file__
-        parent = importlib.import_module(point.target_module)
-        with pytest.raises(Exception, match="never replaces a module vLLM defines"):
-            point.prepare(parent, static)
+        check_stays_out(point)
 
     return {name: value for name, value in locals().items() if name.startswith("test_")} | {
         "STATIC": static, "needs_missing": needs_missing}

@@ -49,16 +49,7 @@ def test_static_and_runtime_facts_agree():
 def test_unpatched_diffusion_kv_module_fails_with_the_real_import_error():
     """With the stand-in disabled (the other bridges on), vllm-omni's paged diffusion KV module, which its
     diffusion worker, engine and stage process import, dies on the removed module."""
-    result = run_python(f"""
-        try:
-            import {IMPORTER}
-        except ImportError as exc:
-            print("IMPORT-ERROR", exc)
-        else:
-            print("IMPORTED")
-        """, env={"VLLM_COMPAT_DISABLE_PATCHES": POINT.id}, warm=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"IMPORT-ERROR {IMPORT_ERROR}" in result.stdout, result.stdout[-2000:]
+    assert IMPORT_ERROR in cases.unpatched_import_error(f"import {IMPORTER}", POINT.id)
 
 
 @needs_missing_module

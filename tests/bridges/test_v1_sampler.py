@@ -45,16 +45,8 @@ def test_static_and_runtime_facts_agree(key):
 def test_unpatched_import_fails_with_the_real_module_not_found_error(key):
     """With this stand-in disabled (the others on): vllm-omni's import of the removed module fails."""
     point, name = POINTS[key]
-    result = run_python(f"""
-        try:
-            from {point.old_module} import {name}
-        except ImportError as exc:
-            print("IMPORT-ERROR", type(exc).__name__, exc)
-        else:
-            print("IMPORTED")
-        """, env={"VLLM_COMPAT_DISABLE_PATCHES": point.id}, warm=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"IMPORT-ERROR ModuleNotFoundError No module named '{point.old_module}'" in result.stdout, result.stdout
+    missing = f"ModuleNotFoundError No module named '{point.old_module}'"
+    assert missing in cases.unpatched_import_error(f"from {point.old_module} import {name}", point.id)
 
 
 @needs_missing_modules

@@ -6,11 +6,12 @@ removed a whole package (``vllm.entrypoints.serve.render.serving`` below the row
 ``render``). The row's ``target_module`` is the deepest package of that path vLLM still has (its import triggers the
 bridge) and ``target`` the first missing component. A subclass names the vllm-omni files that import the old module
 (``importers``, read and never imported), the vLLM release that removed it (``removed_in``) and what the module holds,
-each the smallest definition its callers in vllm-omni need: ``raises`` ({name: message}: a class that can be imported,
-annotated with and subclassed, whose construction raises ``RemovedByVLLMError(message)``) and ``members()`` (our own
+each the smallest definition its callers in vllm-omni need: ``raises`` ({name: why}: a class that can be imported,
+annotated with and subclassed, whose construction raises ``RemovedByVLLMError`` naming the removal, then ``why``) and ``members()`` (our own
 objects, and ``Moved(module, name)`` for vLLM's own object that moved elsewhere, imported when first read). Where the
-members are built on other vLLM files, ``needs_replacement`` is set and ``replacement_from_source(read)`` judges them
-(``(Shape, detail)`` from a reader of vLLM's files: the same function for the wheel and for the installed package).
+members are built on a vLLM function, ``built_on`` names its file, its name and its parameters, and
+``replacement_from_source(read)`` judges them (``(Shape, detail)`` from a reader of vLLM's files: the same function
+for the wheel and for the installed package; a subclass may check more of the def).
 
 ``install`` registers the module (and the missing packages above it, outermost first) in ``sys.modules`` and on its
 parent, each marked with the entry id (``drift.MARK``); one module object per process, so revert and apply put the
@@ -82,6 +83,29 @@ class ModuleStandInFacts(StandInFacts):
     detail: str = ""
 
 
+def vllm_function(read, relpath: str, name: str, params: str):
+    """The module-level ``def name`` in vLLM's file ``relpath`` (``read(relpath)``: its text, or None) where it takes
+    exactly ``params`` (the names as a def lists them, defaults left out: ``"a, b, *, c"``), as ``(node, "")``;
+    ``(None, what was found)`` where the file, the def or those parameters are not there."""
+    import ast
+
+    module = relpath[:-3].replace("/", ".")
+    source = read(relpath)
+    if source is None:
+        return None, f"{relpath} is missing or unreadable"
+    func = next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if func is None:
+        return None, f"{module} has no {name}"
+    args = func.args
+    found = [a.arg for a in args.posonlyargs + args.args]
+    if args.vararg or args.kwonlyargs:
+        found.append(f"*{args.vararg.arg}" if args.vararg else "*")
+    found += [a.arg for a in args.kwonlyargs] + ([f"**{args.kwarg.arg}"] if args.kwarg else [])
+    if ", ".join(found) != params:
+        return None, f"{module}.{name} takes ({', '.join(found)}), not ({params})"
+    return func, ""
+
+
 def files_of_installed_vllm(relpath: str) -> str | None:
     """The source of ``relpath`` (``vllm/...``) in the imported vLLM (``sys.modules['vllm']``), read, not imported:
     the hook runs while vLLM's packages are still loading. None when vLLM is not imported or the file is missing."""
@@ -99,8 +123,8 @@ class ModuleStandIn(NameStandIn):
     """A stand-in module for ``old_module``, put on the catalogue row's ``target_module`` as ``target`` (a
     ``NameStandIn`` whose name is a submodule, also registered in ``sys.modules``)."""
 
-    raises: dict[str, str] = {}  # name -> the message its construction raises (RemovedByVLLMError)
-    needs_replacement = False  # whether the members are built on vLLM files that replacement_from_source judges
+    raises: dict[str, str] = {}  # name -> why vllm-omni cannot use it here, and what to do (RemovedByVLLMError's end)
+    built_on: tuple[str, str, str] = ()  # (vLLM file, def, its parameters): what the members call (vllm_function)
 
     def __init__(self) -> None:
         super().__init__()
@@ -128,9 +152,16 @@ class ModuleStandIn(NameStandIn):
         runs, so it may not import vLLM modules that are still loading."""
         return {}
 
+    @property
+    def needs_replacement(self) -> bool:
+        """Whether the members are built on vLLM files that ``replacement_from_source`` judges."""
+        return bool(self.built_on)
+
     def replacement_from_source(self, read) -> tuple[str, str]:
-        """``(Shape, detail)`` of what the members are built on, from ``read(relpath)`` (source text or None)."""
-        return Shape.ABSENT, ""
+        """``(Shape, detail)`` of what the members are built on, from ``read(relpath)`` (source text or None):
+        known where ``built_on``'s def has its parameters."""
+        func, detail = vllm_function(read, *self.built_on)
+        return (Shape.KNOWN, "") if func is not None else (Shape.UNKNOWN, detail)
 
     # ---- the module objects ----
 
@@ -142,10 +173,10 @@ class ModuleStandIn(NameStandIn):
         import importlib.machinery
         import types
 
-        members = {name: removed_class(name, self.old_module, message, f"vllm_compat's stand-in for {self.old_module}"
-                                       f".{name} (removed in vLLM {self.removed_in}), for vllm-omni's imports only: "
-                                       "constructing it raises RemovedByVLLMError.")
-                   for name, message in self.raises.items()} | self.members()
+        members = {name: removed_class(name, self.old_module, self.removed_message(name, why), f"vllm_compat's stand-in"
+                                       f" for {self.old_module}.{name} (removed in vLLM {self.removed_in}), for "
+                                       "vllm-omni's imports only: constructing it raises RemovedByVLLMError.")
+                   for name, why in self.raises.items()} | self.members()
         modules = []
         for name in self.chain():
             module = types.ModuleType(name, f"vllm_compat's stand-in for {name} (removed in vLLM {self.removed_in}); "
@@ -163,6 +194,12 @@ class ModuleStandIn(NameStandIn):
         leaf.__getattr__ = self._lazy_getattr(leaf, members)
         self._module = modules[0]
         return self._module
+
+    def removed_message(self, name: str, why: str) -> str:
+        """What constructing the ``raises`` class ``name`` says: the removal, that the name is there for the import
+        only, and ``why`` (the bridge's reason and remedy)."""
+        return (f"vLLM {self.removed_in} removed {self.old_module}, and vllm_compat provides {name} only so that "
+                f"vllm-omni imports: {why}")
 
     def _lazy_getattr(self, module, members: dict):
         """The old module's ``__getattr__``: a ``Moved`` member imported (and kept) when first read; any other name

@@ -33,27 +33,20 @@ import ast
 
 from ..decide import Action
 from . import HostKind, installed_omni_tree
-from ._module_stand_in import ModuleStandIn, Shape, files_of_installed_vllm
+from ._module_stand_in import ModuleStandIn, Shape, files_of_installed_vllm, vllm_function
 
 NEW_MODULE = "vllm.entrypoints.serve.exception_handling.error_response"
 NEW_FILE = "vllm/entrypoints/serve/exception_handling/error_response.py"
 FUNCTION = "create_error_response"
-PARAMS = ("message", "err_type", "status_code", "param")  # vLLM 0.26-0.34's
+PARAMS = "message, err_type, status_code, param"  # vLLM 0.26-0.34's
 # The vllm-omni files that import it (0.26.0; 0.28.0 tries the new home first, in a try block): read, never imported.
 IMPORTERS = ("vllm_omni/config/endpoint_policy.py", "vllm_omni/entrypoints/openai/api_server.py")
 KEEPS_TEXT = "keeps_text"  # the replacement's shape where an engine error keeps its text (0.28-0.32): alias suffices
 
 
-def _function_shape(source: str | None) -> tuple[str, str]:
-    """(``Shape`` or ``KEEPS_TEXT``, detail) of vLLM's moved ``create_error_response``, from its module's source."""
-    if source is None:
-        return Shape.UNKNOWN, f"{NEW_FILE} is missing or unreadable"
-    func = next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == FUNCTION), None)
-    if func is None:
-        return Shape.UNKNOWN, f"{NEW_MODULE} has no {FUNCTION}"
-    params = tuple(a.arg for a in func.args.posonlyargs + func.args.args)
-    if params != PARAMS or func.args.vararg or func.args.kwarg or func.args.kwonlyargs:
-        return Shape.UNKNOWN, f"{NEW_MODULE}.{FUNCTION} takes {params}, not {PARAMS}"
+def _engine_error_shape(func) -> tuple[str, str]:
+    """(``Shape`` or ``KEEPS_TEXT``, detail) of vLLM's moved ``create_error_response`` (its parsed def): whether an
+    ``EngineDeadError`` gets ``CLIENT_MESSAGE`` instead of its own text."""
     names = {n.attr for n in ast.walk(func) if isinstance(n, ast.Attribute)} | {
         n.id for n in ast.walk(func) if isinstance(n, ast.Name)}
     if "CLIENT_MESSAGE" not in names:
@@ -98,10 +91,12 @@ def _is_alias_of_new_home(old: str, package) -> bool:
 class ErrorResponseAdapter(ModuleStandIn):
     importers = IMPORTERS
     removed_in = "0.28"
-    needs_replacement = True
+    built_on = (NEW_FILE, FUNCTION, PARAMS)
 
     def replacement_from_source(self, read) -> tuple[str, str]:
-        return _function_shape(read(NEW_FILE))
+        """The def's parameters (``vllm_function``), then what it does with an engine error."""
+        func, detail = vllm_function(read, *self.built_on)
+        return _engine_error_shape(func) if func is not None else (Shape.UNKNOWN, detail)
 
     def members(self) -> dict:
         return {FUNCTION: create_error_response}

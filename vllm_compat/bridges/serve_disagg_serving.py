@@ -23,12 +23,11 @@ from ._module_stand_in import ModuleStandIn
 OLD_MODULE = "vllm.entrypoints.serve.disagg.serving"
 IMPORTERS = ("vllm_omni/entrypoints/openai/api_server.py",)
 MESSAGE = (
-    "vllm-omni builds vLLM 0.24's disaggregated ServingTokens(engine_client, models, openai_serving_render, ...), "
-    "but this vLLM (0.25+) moved it to vllm.entrypoints.scale_out.token_in_token_out.serving and changed it (an "
-    "OnlineRenderer instead of the render serving, generate(session_id=) from 0.28, the response's id renamed "
-    "request_id). vllm_compat provides the name only so that vllm-omni's server imports: pure-diffusion servers "
-    "start, /inference/v1/generate with an LLM stage does not. Use vLLM 0.24 for it, or a vllm-omni built for this "
-    "vLLM.")
+    "pure-diffusion servers start, /inference/v1/generate with an LLM stage does not (vLLM 0.25 moved vLLM 0.24's "
+    "ServingTokens(engine_client, models, openai_serving_render, ...) to "
+    "vllm.entrypoints.scale_out.token_in_token_out.serving and changed it: an OnlineRenderer instead of the render "
+    "serving, generate(session_id=) from 0.28, the response's id renamed request_id). Use vLLM 0.24 for it, or a "
+    "vllm-omni built for this vLLM.")
 
 
 class ServeDisaggServingStandIn(ModuleStandIn):

@@ -22,11 +22,9 @@ from ._module_stand_in import ModuleStandIn
 OLD_MODULE = "vllm.entrypoints.serve.render.serving"
 IMPORTERS = ("vllm_omni/entrypoints/openai/api_server.py",)
 MESSAGE = (
-    "vllm-omni builds vLLM 0.24's OpenAIServingRender for a server with an LLM stage, but this vLLM (0.25+) "
-    "replaced it by vllm.renderers.online_renderer.OnlineRenderer, and its servings take online_renderer= instead. "
-    "vllm_compat provides the name only so that vllm-omni's server imports: pure-diffusion servers start, an LLM "
-    "stage does not. Serve this model with vLLM 0.24 (vllm-omni 0.24.0's own), or with a vllm-omni built for this "
-    "vLLM.")
+    "pure-diffusion servers start, an LLM stage does not (vLLM 0.25 replaced vLLM 0.24's OpenAIServingRender by "
+    "vllm.renderers.online_renderer.OnlineRenderer, and its servings take online_renderer= instead). Serve this model "
+    "with vLLM 0.24 (vllm-omni 0.24.0's own), or with a vllm-omni built for this vLLM.")
 
 
 class ServeRenderServingStandIn(ModuleStandIn):

@@ -27,40 +27,19 @@ Retire when: the oldest supported vllm-omni no longer imports ``vllm.v1.worker.b
 
 from __future__ import annotations
 
-import ast
-
-from ._module_stand_in import ModuleStandIn, Moved, Shape
+from ._module_stand_in import ModuleStandIn, Moved
 
 # The vllm-omni file that imports it (0.28.0, 0.30.0): read, never imported.
 IMPORTERS = ("vllm_omni/diffusion/diffusion_kv/model_runner_backend.py",)
 NEW_MODULE = "vllm.v1.kv_cache_interface"
-NEW_FILE = "vllm/v1/kv_cache_interface.py"
 FUNCTION = "get_block_table_width"
-PARAMS = ("max_num_blocks", "block_size")  # positional, then keyword-only token_alignment (vLLM 0.33's and 0.34's)
-
-
-def _function_shape(source: str | None) -> tuple[str, str]:
-    """(``Shape``, detail) of vLLM's moved function, from its module's source."""
-    if source is None:
-        return Shape.UNKNOWN, f"{NEW_FILE} is missing or unreadable"
-    func = next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == FUNCTION), None)
-    if func is None:
-        return Shape.UNKNOWN, f"{NEW_MODULE} has no {FUNCTION}"
-    params = tuple(a.arg for a in func.args.posonlyargs + func.args.args)
-    keywords = tuple(a.arg for a in func.args.kwonlyargs)
-    if params != PARAMS or keywords != ("token_alignment",) or func.args.vararg or func.args.kwarg:
-        return Shape.UNKNOWN, (f"{NEW_MODULE}.{FUNCTION} takes {params} and keywords {keywords}, not {PARAMS} and "
-                               "('token_alignment',)")
-    return Shape.KNOWN, ""
+PARAMS = "max_num_blocks, block_size, *, token_alignment"  # vLLM 0.33's and 0.34's
 
 
 class BlockTableModule(ModuleStandIn):
     importers = IMPORTERS
     removed_in = "0.34"
-    needs_replacement = True
-
-    def replacement_from_source(self, read) -> tuple[str, str]:
-        return _function_shape(read(NEW_FILE))
+    built_on = ("vllm/v1/kv_cache_interface.py", FUNCTION, PARAMS)
 
     def members(self) -> dict:
         return {FUNCTION: Moved(NEW_MODULE, FUNCTION)}

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from ._module_stand_in import ModuleStandIn
 
-MODULE = "vllm.v1.sample.sampler"
 # The vllm-omni files that import it (0.24.0-0.30.0): read, never imported.
 IMPORTERS = tuple(f"vllm_omni/{path}.py" for path in (
     "platforms/npu/_310p/patch/worker",
@@ -43,15 +42,12 @@ IMPORTERS = tuple(f"vllm_omni/{path}.py" for path in (
         "minicpmo_4_5/minicpmo_4_5_omni_tts", "qwen2_5_omni/qwen2_5_omni", "qwen2_5_omni/qwen2_5_omni_talker",
         "qwen2_5_omni/qwen2_5_omni_token2wav", "qwen2_5_omni/qwen2_old", "qwen3_omni/qwen3_omni",
         "step_audio2/step_audio2_token2wav", "voxtral_tts/voxtral_tts"))))
-MESSAGE = (f"vLLM 0.34 removed {MODULE} (the v1 model runner's Sampler); vllm_compat provides the name so that "
-           "vllm-omni imports, not the sampler: this vllm-omni model samples with vLLM 0.33's v1 Sampler, which the "
-           "model runner v2 (vllm.v1.worker.gpu.sample) does not replace call for call. Run it on vLLM <= 0.33.")
 
 
 class SamplerModule(ModuleStandIn):
     importers = IMPORTERS
     removed_in = "0.34"
-    raises = {"Sampler": MESSAGE}
+    raises = {"Sampler": "the model runner v2 samples differently. Run this vllm-omni model on vLLM <= 0.33."}
 
 
 DRIFT_POINT = SamplerModule()

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from ._module_stand_in import ModuleStandIn
 
-MODULE = "vllm.v1.sample.metadata"
 # The vllm-omni files that import it (0.24.0-0.30.0): read, never imported.
 IMPORTERS = tuple(f"vllm_omni/{path}.py" for path in (
     "experimental/fullduplex/model_executor", "model_executor/duplex_sampling",
@@ -41,15 +40,12 @@ IMPORTERS = tuple(f"vllm_omni/{path}.py" for path in (
         "qwen2_5_omni/qwen2_5_omni", "qwen2_5_omni/qwen2_5_omni_talker", "qwen2_5_omni/qwen2_5_omni_token2wav",
         "qwen2_5_omni/qwen2_old", "qwen3_omni/qwen3_omni", "step_audio2/step_audio2_token2wav",
         "voxtral_tts/voxtral_tts"))))
-MESSAGE = (f"vLLM 0.34 removed {MODULE} with its v1 model runner; vllm_compat provides SamplingMetadata so that "
-           "vllm-omni imports, not the v1 sampling it describes (the model runner v2 samples with "
-           "vllm.v1.worker.gpu.sample). Run this vllm-omni model's own sampling on vLLM <= 0.33.")
 
 
 class SamplingMetadataModule(ModuleStandIn):
     importers = IMPORTERS
     removed_in = "0.34"
-    raises = {"SamplingMetadata": MESSAGE}
+    raises = {"SamplingMetadata": "vLLM 0.33's v1 model runner builds it. Run this vllm-omni model on vLLM <= 0.33."}
 
 
 DRIFT_POINT = SamplingMetadataModule()
