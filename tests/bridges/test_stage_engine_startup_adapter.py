@@ -103,11 +103,37 @@ def test_both_adapters_share_one_implementation():
 
 # ---- the engine side, the managers, the startup paths ----
 
+def _close_inherited_tcp_sockets() -> None:
+    """An engine runs in a process of its own (a remote one on another host), not a fork of the front end: close
+    the TCP sockets this fork inherited. vllm-omni's ``OmniMasterServer`` (0.26.0 on) holds each route port bound (a plain
+    socket, its reservation) until just before its ZMQ owner binds it; a forked copy kept it bound, so the front
+    end's bind failed with "Address already in use" (remote_diffusion / remote_engines on v0.31-omni0.26). The pipe
+    to the test (AF_UNIX) and multiprocessing's sentinel pipe stay open; ``_Engines.start`` waits for the child to
+    say it closed them before the front end goes on."""
+    import socket
+    import stat
+
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = int(name)
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            sock = socket.socket(fileno=fd)
+        except (OSError, ValueError):
+            continue
+        family = sock.family
+        sock.detach()
+        if family in (socket.AF_INET, socket.AF_INET6):
+            os.close(fd)
+
+
 def _engine_side(handshake_address, local, conn, exit_code):
     """vLLM's engine-side startup handshake (engine index 0): HELLO, the front end's init message, READY; then send
     the addresses received and wait to be let go. With ``exit_code``, die before the handshake instead."""
     if exit_code is not None:
         os._exit(exit_code)
+    _close_inherited_tcp_sockets()
+    conn.send("forked")  # the front end binds only after this: no port of its is held by the fork any more
     import msgspec
     import zmq
     from vllm.v1.engine.core import EngineCoreProc
@@ -138,7 +164,9 @@ class _Engines:
         proc = multiprocessing.get_context("fork").Process(
             target=_engine_side, name=name, args=(handshake_address, local, child_conn, self.exit_code))
         proc.start()
-        if self.exit_code is not None:
+        if self.exit_code is None:
+            assert parent_conn.poll(60) and parent_conn.recv() == "forked", f"{name} did not start"
+        else:
             # dead before the front end waits: its sentinel fires a moment before waitpid can reap it, and vLLM's
             # message names only the processes it could reap
             proc.join(30)
