@@ -217,11 +217,11 @@ def test_facts_from_files_match_the_imported_vllm_and_vllm_omni_s_source(entry):
     site = StaticSite.installed()
     facts = point.facts_from_files(site)
     module = _imported(entry)
-    if facts.host not in (HostKind.DEFINES, HostKind.LACKS):
-        pytest.skip(f"the files of this vLLM cannot tell whether {entry.target_path} is there ({facts.host})")
+    if facts.host == HostKind.UNKNOWN:
+        pytest.skip(f"the files of this vLLM cannot tell whether {entry.target_path} is there (lazy or compiled)")
     own = vars(module).get(point.name)
     natively = own is not None and not is_ours(own)
-    assert (facts.host == HostKind.DEFINES) == natively, (facts, own)
+    assert facts.host == (HostKind.DEFINES if natively else HostKind.LACKS), (facts, own)
     expected = []
     for relpath in point.importers:
         source = site.omni_tree.read(relpath)
@@ -232,6 +232,35 @@ def test_facts_from_files_match_the_imported_vllm_and_vllm_omni_s_source(entry):
     assert facts.importers == point.importers_in(site.omni_tree)
     runtime = point.facts_from_module(module)
     assert runtime.stand_in == facts.stand_in
+
+
+MODULE_STAND_INS = [e for e in STAND_INS if e.point.provides_module
+                    and type(e.point).importers_in is NameStandIn.importers_in]
+
+
+def _imports_of_module(source: str, module: str) -> list[int]:
+    """Lines of ``import module`` / ``from module import ...`` outside ``if TYPE_CHECKING:`` (written here)."""
+    tree = ast.parse(source)
+    hidden = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            hidden.update(id(n) for child in node.body for n in ast.walk(child))
+    return sorted(node.lineno for node in ast.walk(tree) if id(node) not in hidden and (
+        (isinstance(node, ast.ImportFrom) and node.module == module and not node.level)
+        or (isinstance(node, ast.Import) and any(a.name == module for a in node.names))))
+
+
+@needs_omni
+@pytest.mark.parametrize("entry", MODULE_STAND_INS, ids=[e.id for e in MODULE_STAND_INS])
+def test_a_module_stand_in_s_importers_are_the_imports_of_the_module(entry):
+    point = entry.point
+    tree = StaticSite.installed().omni_tree
+    expected = []
+    for relpath in point.importers:
+        source = tree.read(relpath)
+        if source is not None:
+            expected += [f"{relpath[:-3].replace('/', '.')}:{line}" for line in _imports_of_module(source, entry.target_path)]
+    assert [i.split(" (")[0] for i in point.importers_in(tree)] == expected
 
 
 # ---- FunctionStandIn: which calls it takes (Python's binding is the oracle) ----
