@@ -10,7 +10,8 @@ vllm-omni (roots read from its 0.22.0-0.30.0 wheels, where all of them exist):
 * ``offline``: the offline API, ``from vllm_omni import Omni`` / ``AsyncOmni`` (vllm-omni's ``__getattr__`` imports
   ``vllm_omni.entrypoints.omni`` / ``async_omni`` on first use);
 * ``serve``: the OpenAI-compatible server, ``vllm serve <model> --omni``: vllm-omni's ``vllm`` console script
-  (``vllm_omni.entrypoints.cli.main``) and the API server module it runs (``vllm_omni.entrypoints.openai.api_server``);
+  (``vllm_omni.entrypoints.cli.main``, whose ``main()`` imports vLLM's CLI helpers when it runs: vLLM 0.34 moved
+  ``cli_env_setup``) and the API server module it runs (``vllm_omni.entrypoints.openai.api_server``);
 * ``diffusion_stage``: what a diffusion stage process imports beyond the package: the stage process, its engine
   (vllm-omni 0.30.0's diffusion KV-cache setup is reached from the engine, not from the worker) and the worker.
 
@@ -25,11 +26,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Entrypoint:
     """One way a plugin is started: ``id`` (the key in ``--json`` and the matrix), ``label`` (what the verdict
-    calls it) and ``roots`` (the modules that starting it imports)."""
+    calls it), ``roots`` (the modules that starting it imports) and ``scripts`` (roots whose functions starting
+    it also runs, a console script's ``main``: the imports inside them run too)."""
 
     id: str
     label: str
     roots: tuple[str, ...]
+    scripts: tuple[str, ...] = ()
 
 
 ENTRYPOINTS: dict[str, tuple[Entrypoint, ...]] = {
@@ -37,7 +40,8 @@ ENTRYPOINTS: dict[str, tuple[Entrypoint, ...]] = {
         Entrypoint("offline", "the offline API (Omni / AsyncOmni)",
                    ("vllm_omni.entrypoints.omni", "vllm_omni.entrypoints.async_omni")),
         Entrypoint("serve", "`vllm serve --omni`",
-                   ("vllm_omni.entrypoints.cli.main", "vllm_omni.entrypoints.openai.api_server")),
+                   ("vllm_omni.entrypoints.cli.main", "vllm_omni.entrypoints.openai.api_server"),
+                   scripts=("vllm_omni.entrypoints.cli.main",)),
         Entrypoint("diffusion_stage", "the diffusion stage",
                    ("vllm_omni.diffusion.stage_diffusion_proc", "vllm_omni.diffusion.diffusion_engine",
                     "vllm_omni.diffusion.worker.diffusion_worker")),
@@ -45,6 +49,12 @@ ENTRYPOINTS: dict[str, tuple[Entrypoint, ...]] = {
 }
 
 DIFFUSION_STAGE = "diffusion_stage"  # the entrypoint the older ``worker_*`` fields of the import drift describe
+
+
+def called(script: str) -> str:
+    """The import graph's node for what ``script``'s functions import when they run (a console script's ``main``);
+    its parent in the graph is ``script`` itself."""
+    return f"{script} (functions)"
 
 
 def entrypoints_of(plugin: str) -> tuple[Entrypoint, ...]:

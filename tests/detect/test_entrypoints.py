@@ -134,6 +134,24 @@ def test_a_package_that_does_not_import_stops_every_entrypoint(tmp_path):
     assert "vllm-omni will not import" in _report(drift).verdict().text
 
 
+def test_a_console_scripts_functions_are_followed_for_its_entrypoint_only(tmp_path):
+    """``vllm serve --omni`` runs vllm-omni's ``cli.main:main()``, which imports vLLM's CLI helpers inside the
+    function (vllm-omni 0.24.0-0.30.0: ``cli_env_setup``, moved by vLLM 0.33): those imports stop the server, and
+    only the server; a function-level import in any other module still counts for nothing (it may never run)."""
+    files = {**OMNI,
+             "vllm_omni/entrypoints/cli/main.py": "import sys\ndef main():\n    from vllm.v1.gone import Gone\n",
+             "vllm_omni/entrypoints/openai/api_server.py": "",
+             "vllm_omni/diffusion/worker/diffusion_worker.py": "from vllm.v1.gone import Kept\n",
+             "vllm_omni/entrypoints/utils.py": "from vllm.v1.gone import Kept\nhelper = Kept\n"
+                                              "def later():\n    from vllm.v1.gone import AlsoGone\n"}
+    drift = check_import_drift(_tree(tmp_path / "omni", files), _tree(tmp_path / "host", HOST))
+    statuses = {s.id: s for s in drift.statuses}
+    assert statuses["serve"].status == "will_not_start" and statuses["serve"].missing == (GONE,)
+    assert statuses["offline"].status == "works" and statuses["diffusion_stage"].status == "works"
+    assert "vllm.v1.gone.AlsoGone" not in drift.names
+    assert [(u.importer, u.line) for u in drift.unresolved] == [("vllm_omni.entrypoints.cli.main (functions)", 3)]
+
+
 def test_the_doctor_judges_what_an_entrypoint_imports_from_other_distributions(tmp_path):
     """The server's module-level import of a package this env lacks (torchaudio in a CPU-torch env) stops it in the
     doctor's verdict; an indented (possibly guarded) import, the standard library and vLLM itself do not count, and

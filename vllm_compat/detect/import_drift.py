@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..entrypoints import DIFFUSION_STAGE, entrypoints_of
+from ..entrypoints import DIFFUSION_STAGE, called, entrypoints_of
 from .host_index import HostIndex, host_index
 from .import_graph import parents, plugin_graph
 from .source_scan import plugin_imports  # noqa: F401 - the plugin-side reader, imported from here by the bridges
@@ -274,7 +274,7 @@ def check_import_drift(plugin_tree: SourceTree, host_tree: SourceTree, plugin: s
     if not plugin_tree.has_package(plugin) or not host_tree.has_package(HOST):
         return None
     index = host_index(host_tree)
-    graph = plugin_graph(plugin_tree, plugin, HOST)
+    graph = plugin_graph(plugin_tree, plugin, HOST, tuple(s for e in entrypoints_of(plugin) for s in e.scripts))
     checked = unknown = 0
     unresolved = []
     for imported in graph.host_imports:
@@ -303,7 +303,8 @@ def check_import_drift(plugin_tree: SourceTree, host_tree: SourceTree, plugin: s
     entrypoints = []
     for entrypoint in entrypoints_of(plugin):
         roots = tuple(root for root in entrypoint.roots if root in graph.modules)
-        reach = set().union(*(graph.reached(root) for root in roots))
+        runs = roots + tuple(called(s) for s in entrypoint.scripts if called(s) in graph.modules)
+        reach = set().union(*(graph.reached(root) for root in runs))
         packages = tuple(UnresolvedImport(importer, line, package, None, PACKAGE_NOT_INSTALLED)
                          for package, (importer, line) in graph.packages_needed(plugin_tree, reach).items())
         entrypoints.append(EntrypointDrift(entrypoint.id, entrypoint.label, roots,

@@ -78,16 +78,27 @@ def reached(root: str, modules: dict, edges: dict) -> set[str]:
     return found
 
 
-def plugin_graph(tree: SourceTree, plugin: str, host: str) -> PluginGraph:
-    """The ``PluginGraph`` of ``plugin`` in ``tree``, with its imports of the ``host`` package."""
+def plugin_graph(tree: SourceTree, plugin: str, host: str, scripts: tuple[str, ...] = ()) -> PluginGraph:
+    """The ``PluginGraph`` of ``plugin`` in ``tree``, with its imports of the ``host`` package. For each module in
+    ``scripts`` (a console script), the imports inside its functions hang from one more node,
+    ``entrypoints.called(script)``, whose parent is the script: reached only from that node, never from the module."""
+    from ..entrypoints import called
+
     files = tree.walk_py(plugin)
     graph = PluginGraph(plugin, {relpath[:-3].replace("/", ".").removesuffix(".__init__"): relpath
                                  for relpath in files}, host)
-    for importer, relpath in graph.modules.items():
-        package = importer if relpath.endswith("__init__.py") else importer.rpartition(".")[0]
+    nodes = [(importer, relpath, "module") for importer, relpath in graph.modules.items()]
+    for script in scripts:
+        if script in graph.modules:
+            graph.modules[called(script)] = graph.modules[script]
+            graph.edges[called(script)] = {script}
+            nodes.append((called(script), graph.modules[script], "function"))
+    for importer, relpath, runs in nodes:
+        module_name = importer if runs == "module" else importer.rpartition(" ")[0]
+        package = module_name if relpath.endswith("__init__.py") else module_name.rpartition(".")[0]
         targets = graph.edges.setdefault(importer, set())
         for line, level, module, names, context in plugin_imports(tree, relpath, plugin):
-            if context != "module":
+            if context != runs:
                 continue
             if level == -1:  # import a.b.c
                 hosts = tuple(name for name in names if is_under(name, host))
