@@ -33,6 +33,7 @@ import importlib
 import json
 import sys
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from ..decide import Action, Decision
 from ..drift import DriftPoint
@@ -49,6 +50,25 @@ class State:
     REJECTED = "rejected"  # the definition changed and the review rejected it
     NO_PARENT = "no_parent"  # an old module (or an old name's module) whose parent package is gone
     UNKNOWN = "unknown"  # vLLM's files cannot tell whether it has the old name
+
+
+class Alias(NamedTuple):
+    """One row of the generated table (``_alias_table.ALIASES``)."""
+
+    old: str  # what vllm-omni imports: a module.name, or a module
+    new: str | None  # where that definition is now (a module for kind "module"); None for a split module
+    kind: str  # "name", or "module" for a module that moved whole (or split: see moved)
+    match: str  # "identical" (same normalized source) or "changed" (edited: installed only with verdict "accept")
+    key: str  # source_key of the new definition; for a module, of its names together (re-checked when installed)
+    similarity: float  # the least line similarity of a changed definition to the old one (1.0: identical)
+    vllm: tuple[str, str]  # first and last vLLM release of the matrix where it was found
+    omni: tuple[str, ...]  # vllm-omni releases importing it
+    importers: tuple[str, ...]  # their files
+    path: str  # "diffusion" when the diffusion path reaches it, else "serving"
+    names: tuple[str, ...]  # for a module: the names vllm-omni takes from it
+    moved: tuple[tuple[str, str], ...]  # for a split module: (name, "new.module.name") each, from several modules
+    verdict: str | None  # the review of a changed row: "accept" | "reject" | None (unreviewed)
+    reason: str | None  # the review's one-line reason
 
 
 @dataclass(frozen=True)
@@ -85,8 +105,8 @@ class AliasFacts:
         return asdict(self)
 
 
-def table() -> tuple:
-    """The generated rows (``_alias_table.Alias``, one typed row each)."""
+def table() -> tuple[Alias, ...]:
+    """The generated rows, one ``Alias`` each."""
     from ._alias_table import ALIASES
 
     return ALIASES
