@@ -309,3 +309,17 @@ def test_compare_and_facts_dict_defaults():
     assert point.facts_dict(Facts(1, (2,))) == {"a": 1, "b": (2,)}
     assert point.facts_dict(WithToDict()) == {"own": True}
 
+
+
+def test_entries_stack_and_a_new_variant_replaces_only_its_own_layer():
+    """A's wrapper (no variant), then B's (no variant): B installs over A; B's next variant replaces B's layer and
+    keeps A's under it."""
+    Owner, original = _owner_with_method()
+    assert replace(Owner, "method", _ours_around("a"), A) is True
+    a_wrapper = vars(Owner)["method"]
+    assert replace(Owner, "method", _ours_around("b"), B) is True  # A's is not B's: B is not "already there"
+    assert vars(Owner)["method"].__wrapped__ is a_wrapper and Owner().method(1) == ("b", ("a", 2))
+    assert replace(Owner, "method", _ours_around("b2"), B, "v2") is True
+    assert vars(Owner)["method"].__wrapped__ is a_wrapper and Owner().method(1) == ("b2", ("a", 2))
+    assert restore(Owner, "method", B) is True and vars(Owner)["method"] is a_wrapper
+    assert restore(Owner, "method", A) is True and vars(Owner)["method"] is original
