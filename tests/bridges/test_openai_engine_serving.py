@@ -2,15 +2,56 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.bridges.serve_stand_in_cases import cases
+from conftest import needs_startup_hook, run_python
+from tests.bridges.serve_stand_in_cases import SERVER, cases
 from vllm_compat.bridges import openai_engine_serving as bridge
 
 CASES = cases(bridge)
 globals().update(CASES)
 STATIC = CASES["STATIC"]
 needs_missing = CASES["needs_missing"]
+POINT = bridge.DRIFT_POINT
+
+
+@needs_missing
+@needs_startup_hook
+def test_server_imports_with_the_bridge_and_revert_removes_exactly_it():
+    """The shared check, where the parent package may be moved_names' (vLLM 0.29+): revert() takes ``serving`` off it
+    (this row comes first) and moved_names takes the package itself out, so the old path then fails on the first
+    module missing; after apply() the next import of the old path runs the hooks again and it is back."""
+    result = run_python(f"""
+        import json, sys
+        import {SERVER}
+        import vllm_compat
+        parent = sys.modules["{POINT.target_module}"]
+        chain = {POINT.chain()!r}
+        out = dict(marks=[getattr(sys.modules[n], "_vllm_compat_installed", None) for n in chain],
+                   attribute=getattr(parent, "{POINT.target}") is sys.modules[chain[0]],
+                   decision=[d.action for d in vllm_compat.current_decisions() if d.name == "{POINT.id}"])
+        modules = set(sys.modules)
+        vllm_compat.revert()
+        out["serving_left_on_parent"] = "{POINT.target}" in vars(parent)
+        out["modules_removed"] = sorted(modules - set(sys.modules))
+        try:
+            import {POINT.old_module}
+        except ImportError as exc:
+            out["after_revert"] = str(exc)
+        vllm_compat.apply()
+        import {POINT.old_module} as again
+        out["back"] = all(n in sys.modules for n in chain) and again.OpenAIServing.__name__
+        print("RESULT", json.dumps(out))
+        """, warm=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.split("RESULT ", 1)[1])
+    assert out["marks"] == [POINT.id] * len(POINT.chain()) and out["attribute"] and out["decision"] == ["patched"]
+    assert not out["serving_left_on_parent"] and set(POINT.chain()) <= set(out["modules_removed"])
+    assert out["after_revert"] in (f"No module named '{POINT.first_missing}'",
+                                   f"No module named '{POINT.target_module}'"), out["after_revert"]
+    assert out["back"] == bridge.MOVED["OpenAIServing"]
 
 
 def test_refused_where_the_new_definitions_changed():
