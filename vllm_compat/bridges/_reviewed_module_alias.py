@@ -80,10 +80,25 @@ class ReviewedModuleAlias(ModuleStandIn):
         return self._facts(self.host_from_files(site, base), base.importers, site.vllm_tree)
 
     def detect_runtime(self, module) -> AliasedModuleFacts:
+        """As the files say, from the imported parent; where ``sys.modules`` holds vLLM's new module itself under the
+        old path and vLLM ships no file for it (the alias table's module alias: vLLM 0.29-0.31 for server_utils),
+        vLLM still lacks the old module, as its files say."""
         from ..detect.source_tree import tree_of
 
         base = self.facts_from_module(module)
-        return self._facts(base.host, base.importers, tree_of("vllm"))
+        host = HostKind.LACKS if base.host == HostKind.DEFINES and self._is_alias_of_new_module(module) else base.host
+        return self._facts(host, base.importers, tree_of("vllm"))
+
+    def _is_alias_of_new_module(self, package) -> bool:
+        import sys
+        from importlib.machinery import PathFinder
+
+        current = sys.modules.get(self.first_missing)
+        if current is None or self.first_missing != self.old_module or getattr(current, "__name__", None) != \
+                self.new_module:
+            return False
+        path = getattr(package, "__path__", None)
+        return path is None or PathFinder.find_spec(self.first_missing, path) is None
 
     # ---- decision ----
 
