@@ -73,6 +73,24 @@ class Moved:
         self.module, self.name = module, name
 
 
+def lazy_members(module, moved: dict, message: str):
+    """A module's ``__getattr__`` (PEP 562) for ``moved`` ({name: ``Moved``}): each vLLM's own object, imported when
+    first read and kept on the module; any other name an ``AttributeError`` ending with ``message``."""
+
+    def __getattr__(name: str):
+        found = moved.get(name)
+        if found is None:
+            raise AttributeError(name if name.startswith("__") else
+                                 f"module {module.__name__!r} has no attribute {name!r}: {message}")
+        import importlib
+
+        value = getattr(importlib.import_module(found.module), found.name)
+        setattr(module, name, value)
+        return value
+
+    return __getattr__
+
+
 @dataclass(frozen=True)
 class ModuleStandInFacts(StandInFacts):
     """``host`` / ``importers`` as every stand-in's (``StandInFacts``), plus ``replacement``: the shape of the vLLM
@@ -202,24 +220,10 @@ class ModuleStandIn(NameStandIn):
                 f"vllm-omni imports: {why}")
 
     def _lazy_getattr(self, module, members: dict):
-        """The old module's ``__getattr__``: a ``Moved`` member imported (and kept) when first read; any other name
-        an ``AttributeError`` naming the removal and what the stand-in holds."""
-        moved = {key: value for key, value in members.items() if isinstance(value, Moved)}
-        message = (f"vLLM {self.removed_in} removed {self.old_module}, and vllm_compat's stand-in provides only what "
-                   f"vllm-omni imports from it ({', '.join(sorted(members))}).")
-
-        def __getattr__(name: str):
-            found = moved.get(name)
-            if found is None:
-                raise AttributeError(name if name.startswith("__") else
-                                     f"module {module.__name__!r} has no attribute {name!r}: {message}")
-            import importlib
-
-            value = getattr(importlib.import_module(found.module), found.name)
-            setattr(module, name, value)
-            return value
-
-        return __getattr__
+        """The old module's ``__getattr__`` (``lazy_members``), its error naming the removal and what it holds."""
+        return lazy_members(module, {key: value for key, value in members.items() if isinstance(value, Moved)},
+                            f"vLLM {self.removed_in} removed {self.old_module}, and vllm_compat's stand-in provides "
+                            f"only what vllm-omni imports from it ({', '.join(sorted(members))}).")
 
     def _inner(self, top, name: str):
         module = top

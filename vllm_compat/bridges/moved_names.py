@@ -233,25 +233,12 @@ class _MadeLoader:
 
 
 def _lazy_members(module, moved: tuple[tuple[str, str], ...]):
-    """A split module's ``__getattr__`` (PEP 562): each name vLLM's own object in its new home, imported on first
-    read and kept on the module; any other name an AttributeError saying what the module holds."""
-    try:  # the stand-ins' shared layer (its home moves while the serve stand-ins are de-duplicated)
-        from ._module_stand_in import Moved
-    except ImportError:
-        from ._serve_module_stand_in import Moved
+    """A split module's ``__getattr__``: each name vLLM's own object in its new home (the stand-ins' lazy members)."""
+    from ._module_stand_in import Moved, lazy_members
+
     members = {name: Moved(*new.rsplit(".", 1)) for name, new in moved}
-
-    def __getattr__(name: str):
-        found = members.get(name)
-        if found is None:
-            raise AttributeError(name if name.startswith("__") else
-                                 f"module {module.__name__!r} has no attribute {name!r} (vllm_compat's alias of a "
-                                 f"module vLLM split holds only {', '.join(sorted(members))})")
-        value = getattr(importlib.import_module(found.module), found.name)
-        setattr(module, name, value)
-        return value
-
-    return __getattr__
+    return lazy_members(module, members, f"vllm_compat's alias of a module vLLM split holds only "
+                                         f"{', '.join(sorted(members))}")
 
 
 class AliasFinder:
