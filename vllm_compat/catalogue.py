@@ -105,6 +105,8 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry("serve_render_serving", "stand-in", _B + "serve_render_serving", "vllm.entrypoints.serve", "render"),
     Entry("serve_disagg_serving", "stand-in", _B + "serve_disagg_serving", "vllm.entrypoints.serve", "disagg"),
     Entry("launcher_adapter", "adapter", _B + "launcher_adapter", "vllm.entrypoints", "launcher"),
+    Entry("engine_client_methods", "adapter", _B + "engine_client_methods", "vllm_omni.entrypoints.async_omni",
+          "AsyncOmni"),
     Entry("setup_server_call", "adapter", _B + "setup_server_call", "vllm_omni.entrypoints.openai.api_server",
           "setup_openai_server"),
 )
