@@ -39,6 +39,9 @@ tomllib = pytest.importorskip("tomllib", reason="reading matrix/vllm.toml needs 
 
 ROOT = Path(__file__).resolve().parent.parent
 CELLS = tomllib.loads((ROOT / "matrix" / "vllm.toml").read_text())["cell"]
+# the cells of vLLM 0.34.0 + vllm-omni 0.24.0 that install with the measured huggingface-hub line (the matrix file)
+HUB_CELLS = tuple(c["id"] for c in CELLS if (c["vllm"], c.get("vllm_omni")) == ("0.34.0", "0.24.0")
+                  and "huggingface-hub==2.4.0" in c.get("overrides", []))
 PAIRED = [c for c in CELLS if c.get("vllm_omni")]
 SWEEP_CELL = next(c["id"] for c in CELLS if c.get("default"))
 # Every pair (eleven vLLM METADATA from the index, ~10 s each when not cached) runs outside nox and in one nox cell;
@@ -159,8 +162,8 @@ def test_the_huggingface_hub_conflict_reads_as_the_user_needs_it(cache):
     assert conflict.describe() == ("huggingface-hub: vllm 0.34.0 needs >=2.0.0; diffusers 0.38.0 (pinned by "
                                    "vllm-omni 0.24.0) needs <2.0,>=0.34.0")
     assert conflict.override == "huggingface-hub==2.4.0"  # the line measured in issue 25 (native-equal)
-    assert conflict.proven_by == ("v0.34-omni0.24",)
-    assert "tested by matrix cell v0.34-omni0.24" in conflict.resolution()
+    assert conflict.proven_by == HUB_CELLS
+    assert f"tested by matrix cell {', '.join(HUB_CELLS)}" in conflict.resolution()
 
 
 # ------------------------------------------------------------------------------------- the matrix
@@ -247,7 +250,7 @@ def test_check_names_the_conflict_and_writes_the_override_file(capsys, cache, tm
         pytest.skip(f"cannot fetch the wheels: {data.get('error')}")
     (conflict,) = data["dependency_drift"]["conflicts"]
     assert conflict["package"] == "huggingface-hub"
-    assert conflict["override"] == "huggingface-hub==2.4.0" and conflict["proven_by"] == ["v0.34-omni0.24"]
+    assert conflict["override"] == "huggingface-hub==2.4.0" and conflict["proven_by"] == list(HUB_CELLS)
     lines = [line for line in target.read_text().splitlines() if line and not line.startswith("#")]
     assert lines == ["huggingface-hub==2.4.0"]
     main(["check", "vllm==0.34.0", "vllm-omni==0.24.0"])
@@ -255,7 +258,8 @@ def test_check_names_the_conflict_and_writes_the_override_file(capsys, cache, tm
     assert screen.count("  dependencies: ") == 1 and screen.index("dependencies: ") < screen.index("verdict: ")
     assert ("huggingface-hub: vllm 0.34.0 needs >=2.0.0; diffusers 0.38.0 (pinned by vllm-omni 0.24.0) needs "
             "<2.0,>=0.34.0") in screen
-    assert "-> override: huggingface-hub==2.4.0 (vllm's range wins; tested by matrix cell v0.34-omni0.24)" in screen
+    assert ("-> override: huggingface-hub==2.4.0 (vllm's range wins; tested by matrix cell "
+            f"{', '.join(HUB_CELLS)})") in screen
 
 
 @pytest.mark.skipif(VLLM_VERSION is None or OMNI_VERSION is None, reason="needs vLLM and vllm-omni installed")
