@@ -46,11 +46,22 @@ def test_prompt_gives_what_vllm_0_28_gives(model_folder, case, _results):
     assert _results[case] == ORACLE["cases"][case], case
 
 
-@pytest.fixture(scope="module")
-def _results(model_folder):
+def _skip_unless_the_oracles_renderer():
+    """The oracle's vLLM 0.28 builds its renderer with ``renderer_from_config(config: VllmConfig)``; vLLM 0.16's
+    takes a model config (no ``.model_config``), so the oracle's build does not apply there."""
+    import inspect
+
     renderers = pytest.importorskip("vllm.renderers", reason="vLLM < 0.24 has no renderer (the oracle's shape)")
     if not hasattr(renderers, "renderer_from_config"):
         pytest.skip("this vLLM's renderers have no renderer_from_config (the oracle's vLLM 0.28 builds with it)")
+    parameter = next(iter(inspect.signature(renderers.renderer_from_config).parameters.values()))
+    if "VllmConfig" not in str(parameter.annotation):
+        pytest.skip(f"this vLLM's renderer_from_config takes {parameter.annotation}, not the oracle's VllmConfig")
+
+
+@pytest.fixture(scope="module")
+def _results(model_folder):
+    _skip_unless_the_oracles_renderer()
     return cases.run_cases(cases.build(_own_or_stand_in(), model_folder))
 
 
@@ -62,8 +73,7 @@ def test_vllm_omni_subclass_on_the_stand_in_tokenizes_text_as_vllm_0_28(model_fo
         from vllm_omni.inputs.preprocess import OmniInputPreprocessor
     except Exception as exc:  # noqa: BLE001 - vllm-omni absent, not importable here, or a release without it
         pytest.skip(f"vllm_omni.inputs.preprocess does not import here: {type(exc).__name__}: {exc}")
-    if not hasattr(importlib.import_module("vllm.renderers"), "renderer_from_config"):
-        pytest.skip("this vLLM's renderers have no renderer_from_config")
+    _skip_unless_the_oracles_renderer()
     preprocessor = cases.build(OmniInputPreprocessor, model_folder)
     for name in ("text", "text_truncated", "text_no_special", "text_unknown_word"):
         prompt, kwargs = next((p, k) for n, p, k in cases.PREPROCESS_CASES if n == name)
