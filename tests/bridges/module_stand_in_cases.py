@@ -40,7 +40,11 @@ def check_decision(point, facts, action):
 
 
 def check_static_and_runtime_agree(point, static):
-    module = importlib.import_module(point.target_module)
+    try:
+        module = importlib.import_module(point.target_module)
+    except ModuleNotFoundError as exc:  # the package the row hooks is not in this vLLM (0.16: no serve.utils)
+        assert static.host in (HostKind.NO_MODULE, HostKind.ABSENT), (static, exc)
+        return
     assert point.compare(static, point.detect_runtime(module)) == []
 
 
