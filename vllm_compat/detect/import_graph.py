@@ -36,6 +36,7 @@ class PluginGraph:
     host: str = "vllm"
     edges: dict[str, set[str]] = field(default_factory=dict)
     host_imports: list[HostImport] = field(default_factory=list)
+    _packages: dict[str, list[tuple[int, str]]] = field(default_factory=dict, repr=False)  # packages_needed's reads
 
     def reached(self, root: str) -> set[str]:
         """What ``import root`` executes (see the module docstring); empty when ``root`` is not a module here."""
@@ -43,15 +44,20 @@ class PluginGraph:
 
     def packages_needed(self, tree: SourceTree, modules: set[str]) -> dict[str, tuple[str, int]]:
         """``{package: (first importer, line)}``: the top-level packages of other distributions (not the standard
-        library, the plugin or the host) that ``modules`` import unguarded at module level, sorted by name."""
+        library, the plugin or the host) that ``modules`` import unguarded at module level, sorted by name. Each
+        file is read once for all entrypoints (their reaches overlap)."""
         import sys
 
         found: dict[str, tuple[str, int]] = {}
         for module in sorted(modules):
-            for line, package in unguarded_packages(tree.read(self.modules[module]) or ""):
-                if package not in sys.stdlib_module_names and package not in (self.plugin, "__future__") \
-                        and not is_under(package, self.host):
-                    found.setdefault(package, (module, line))
+            relpath = self.modules[module]
+            if relpath not in self._packages:
+                self._packages[relpath] = [
+                    (line, package) for line, package in unguarded_packages(tree.read(relpath) or "")
+                    if package not in sys.stdlib_module_names and package not in (self.plugin, "__future__")
+                    and not is_under(package, self.host)]
+            for line, package in self._packages[relpath]:
+                found.setdefault(package, (module, line))
         return dict(sorted(found.items()))
 
 
@@ -87,14 +93,14 @@ def plugin_graph(tree: SourceTree, plugin: str, host: str, scripts: tuple[str, .
     files = tree.walk_py(plugin)
     graph = PluginGraph(plugin, {relpath[:-3].replace("/", ".").removesuffix(".__init__"): relpath
                                  for relpath in files}, host)
-    nodes = [(importer, relpath, "module") for importer, relpath in graph.modules.items()]
+    # (graph node, the module whose file it reads, that file, the import context it follows)
+    nodes = [(importer, importer, relpath, "module") for importer, relpath in graph.modules.items()]
     for script in scripts:
         if script in graph.modules:
             graph.modules[called(script)] = graph.modules[script]
             graph.edges[called(script)] = {script}
-            nodes.append((called(script), graph.modules[script], "function"))
-    for importer, relpath, runs in nodes:
-        module_name = importer if runs == "module" else importer.rpartition(" ")[0]
+            nodes.append((called(script), script, graph.modules[script], "function"))
+    for importer, module_name, relpath, runs in nodes:
         package = module_name if relpath.endswith("__init__.py") else module_name.rpartition(".")[0]
         targets = graph.edges.setdefault(importer, set())
         for line, level, module, names, context in plugin_imports(tree, relpath, plugin):
