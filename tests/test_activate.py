@@ -41,6 +41,10 @@ def test_hook_patches_once_under_racing_threads_reload_and_revert():
             entry_lines=stream.getvalue().count("DEBUG vllm_compat: patched {LOADER}.DiffusersPipelineLoader._process_"),
             entry_lines_total=stream.getvalue().count("DEBUG vllm_compat: patched"),
             info=[line for line in stream.getvalue().splitlines() if line.startswith("INFO")],
+            # the drift points whose DEBUG line came before the INFO line, in the log's own order
+            before_info=sorted(d.name for d in vllm_compat.apply() if d.action == "patched"
+                               and stream.getvalue().find(f"DEBUG vllm_compat: patched {{d.target}}")
+                               < stream.getvalue().find("INFO")),
             patched_total=sum(d.action == "patched" for d in vllm_compat.apply()),
             name=patched.__name__, doc=patched.__doc__ == original.__doc__,
             signature=str(inspect.signature(patched)) == str(inspect.signature(original)),
@@ -65,7 +69,11 @@ def test_hook_patches_once_under_racing_threads_reload_and_revert():
     assert out["variant"] == "meta_safe" and out["decisions"][0]["action"] == "patched"
     assert out["entry_lines"] == 1
     assert out["entry_lines_total"] == out["patched_total"]  # one DEBUG line per patched entry, however often
-    assert len(out["info"]) == 1 and "diffusers_loader_meta_device (meta_safe)" in out["info"][0], out["info"]
+    # One INFO line, logged when the first hooked import that installed something had ended: it names exactly
+    # the drift points installed by then (vllm-omni's own import may bridge names before the loader is imported)
+    assert len(out["info"]) == 1, out["info"]
+    named = out["info"][0].split(": ", 1)[1].split(" (per entry")[0].split(": ", 1)[1].split(", ")
+    assert sorted(name.split(" (")[0] for name in named) == out["before_info"], (out["info"], out["before_info"])
     assert out["name"] == "_process_weights_after_loading" and out["doc"] and out["signature"]
     assert out["reverted_exact"] is True
     assert out["after_revert_reload"] is None
@@ -172,6 +180,7 @@ def test_a_worker_logs_at_most_one_info_line_and_every_entry_at_debug():
         logging.getLogger("vllm_compat").addHandler(Keep())
         logging.getLogger("vllm_compat").setLevel(logging.DEBUG)
         import vllm_omni
+        records.append(("MARK", "import vllm_omni returned"))
         from vllm.plugins import load_general_plugins
         load_general_plugins()
         from vllm_omni.plugins import load_omni_general_plugins
@@ -183,7 +192,8 @@ def test_a_worker_logs_at_most_one_info_line_and_every_entry_at_debug():
             pass
         import vllm_compat
         decided = [d.name for d in vllm_compat.current_decisions() if d.action != "pending"]
-        print("RESULT" + json.dumps(dict(records=records, decided=decided)))
+        targets = {{d.target: d.name for d in vllm_compat.current_decisions() if d.action == "patched"}}
+        print("RESULT" + json.dumps(dict(records=records, decided=decided, targets=targets)))
         """,
         warm=True,
     )
@@ -195,6 +205,16 @@ def test_a_worker_logs_at_most_one_info_line_and_every_entry_at_debug():
     assert len(debug) + sum(level == "WARNING" for level, _ in out["records"]) >= len(out["decided"]), out
     if info:
         assert info[0].startswith("vllm_compat: patched or bridged"), info
+    # What `import vllm_omni` installed (bridges deep inside it included) is in the INFO line, logged before that
+    # import returned: the line waits for the outermost hooked import instead of naming its first install alone.
+    mark = out["records"].index(["MARK", "import vllm_omni returned"])
+    during_import = {name for target, name in out["targets"].items()
+                     if any(message == f"vllm_compat: patched {target}" or message.startswith(
+                         (f"vllm_compat: patched {target}:", f"vllm_compat: patched {target} ("))
+                         for _, message in out["records"][:mark])}
+    if during_import:
+        assert ["INFO", info[0]] in out["records"][:mark], out["records"]
+        assert all(name in info[0] for name in during_import), (info, during_import)
 
 
 def test_apply_without_vllm_omni_loaded_is_pending_and_imports_nothing():

@@ -105,3 +105,25 @@ def test_vllm_compat_registers_the_catalogue_before_a_served_package_and_never_b
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [[], [], True]
     assert "could not register its hooks before importing vllm; nothing is patched" in result.stderr
+
+
+def test_imports_settled_runs_once_the_outermost_hooked_import_has_ended_even_when_it_fails():
+    out = _run("""
+    open(os.path.join(root, "served", "sub", "leaf.py"), "w").write("")
+    open(os.path.join(root, "served", "broken.py"), "w").write("import served.sub.leaf\\nraise ValueError('x')\\n")
+    def on_settled():
+        seen.append(["settled", hooks.hooked_import_in_progress()])
+    hooks.register_post_import_hook("served.sub.leaf", lambda module: seen.append(
+        ["leaf", hooks.hooked_import_in_progress()]))
+    hooks.register_imports_settled_hook(on_settled, watched=("served.sub",))
+    hooks.register_imports_settled_hook(on_settled)  # the same callback: no-op
+    import served.sub.leaf   # served.sub (watched) settles first, then the leaf with its callback
+    seen.append("--")
+    hooks.register_imports_settled_hook(on_settled, watched=("served.broken",))
+    try:
+        import served.broken  # the leaf is imported already: only the failing watched module counts
+    except ValueError:
+        seen.append("raised")
+    print(json.dumps(seen))
+    """)
+    assert out == [["settled", False], ["leaf", True], ["settled", False], "--", ["settled", False], "raised"]

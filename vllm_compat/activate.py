@@ -22,6 +22,7 @@ _lock = _thread.RLock()
 _decisions: dict = {}  # entry id -> latest Decision in this process
 _settled: dict = {}  # (entry id, id(owner), Controls) -> (what we left on the owner, Decision): fast path
 _suspended = False  # set by revert(): the hooks record instead of patching until apply() runs again
+_applying = 0  # apply() calls running now: the summary waits for them
 
 
 def _record(decision, owner=None) -> None:
@@ -47,29 +48,20 @@ def _record(decision, owner=None) -> None:
 
 def _summarize_once() -> None:
     """The one INFO line of a process: what vllm_compat patched or bridged, with ids. Logged once, when the first
-    entry is installed; where that happens inside an import of vLLM or vllm-omni, once that outermost import has
-    finished (``_on_served_package_imported``), so the line names everything the import installed. Later installs
-    are at DEBUG."""
+    entry is installed; where that happens inside a hooked import (a target, or vLLM or vllm-omni itself) or
+    inside ``apply()``, once the last of those has ended (``_log_summary_if_due``), so the line names everything
+    that import installed. Later installs are at DEBUG."""
     from .hooks import shared_state
 
     shared_state("summary", dict)["due"] = True
-    if not _any_served_package_mid_import():
-        _log_summary()
+    _log_summary_if_due()
 
 
-def _any_served_package_mid_import() -> bool:
-    from . import SERVED_PACKAGES
-    from .hooks import _is_initialized
+def _log_summary_if_due() -> None:
+    """Imports-settled hook, and the end of ``apply()``: the summary that came due meanwhile is logged now."""
+    from .hooks import hooked_import_in_progress, shared_state
 
-    return any(sys.modules.get(name) is not None and not _is_initialized(sys.modules[name])
-               for name in SERVED_PACKAGES)
-
-
-def _on_served_package_imported(_module) -> None:
-    """Post-import hook of vllm and vllm_omni: the summary that came due during their import is logged now."""
-    from .hooks import shared_state
-
-    if shared_state("summary", dict).get("due") and not _any_served_package_mid_import():
+    if shared_state("summary", dict).get("due") and not hooked_import_in_progress() and not _applying:
         _log_summary()
 
 
@@ -174,14 +166,13 @@ _HOOKS = {entry.id: _hook_for(entry) for entry in CATALOGUE}  # one callable per
 
 def install_import_hook() -> None:
     """Register one post-import hook per catalogue entry (cheap; imports nothing heavy). Idempotent."""
-    from .hooks import register_post_import_hook
+    from .hooks import register_imports_settled_hook, register_post_import_hook
 
     for entry in CATALOGUE:
         register_post_import_hook(entry.target_module, _HOOKS[entry.id])
     from . import SERVED_PACKAGES
 
-    for package in SERVED_PACKAGES:
-        register_post_import_hook(package, _on_served_package_imported)
+    register_imports_settled_hook(_log_summary_if_due, watched=SERVED_PACKAGES)
 
 
 def _loaded(name: str):
@@ -210,26 +201,32 @@ def apply() -> list:
     changes nothing. Imports no target: an entry whose target module is not imported yet is "pending" and is
     handled by its import hook.
     """
-    global _suspended
+    global _suspended, _applying
     from .config import read_controls
     from .decide import Action
 
     controls = read_controls()
     with _lock:
         _suspended = False
+        _applying += 1
     install_import_hook()
     decisions = []
-    for entry in CATALOGUE:
-        module = _loaded(entry.target_module)
-        if module is not None:
-            decisions.append(activate_entry(entry, module, controls))
-            continue
-        decision = _pending_decision(entry, controls)
+    try:
+        for entry in CATALOGUE:
+            module = _loaded(entry.target_module)
+            if module is not None:
+                decisions.append(activate_entry(entry, module, controls))
+                continue
+            decision = _pending_decision(entry, controls)
+            with _lock:
+                _decisions.setdefault(entry.id, decision)
+                if _decisions[entry.id].action in (Action.PENDING, Action.DISABLED):
+                    _decisions[entry.id] = decision
+                decisions.append(_decisions[entry.id])
+    finally:
         with _lock:
-            _decisions.setdefault(entry.id, decision)
-            if _decisions[entry.id].action in (Action.PENDING, Action.DISABLED):
-                _decisions[entry.id] = decision
-            decisions.append(_decisions[entry.id])
+            _applying -= 1
+        _log_summary_if_due()
     return decisions
 
 

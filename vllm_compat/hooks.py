@@ -9,6 +9,10 @@ its loader so that, after ``exec_module``, the real loader is put back on the mo
 ``importlib.reload`` goes through the finders again, so a reloaded module is hooked again. A module that is
 already imported when a hook is registered gets the callback at once, outside the registry lock.
 
+While any hooked module is executing (its body and its callbacks, in any thread), a hooked import is in
+progress; when the last one ends, the imports-settled hooks run: ``vllm_compat`` logs its one summary line
+there, so that the line names everything one import installed, however deep the targets were.
+
 A first-import hook runs before anything of a package is looked up (the package or any submodule), once per
 process: ``vllm_compat`` registers its post-import hooks from there, so that an interpreter that never imports
 vLLM does not pay for loading the catalogue. Every module costs a new interpreter about 0.4 ms, whatever it holds
@@ -41,12 +45,17 @@ class _HookedLoader:
 
     def exec_module(self, module):
         loader = self._vllm_compat_loader
-        loader.exec_module(module)
-        # Give introspection (inspect.getsource, reload) the real loader back before anyone sees the module.
-        module.__loader__ = loader
-        if module.__spec__ is not None and module.__spec__.loader is self:
-            module.__spec__.loader = loader
-        self._vllm_compat_finder.run_callbacks(self._vllm_compat_fullname, module)
+        finder = self._vllm_compat_finder
+        finder.enter_import()
+        try:
+            loader.exec_module(module)
+            # Give introspection (inspect.getsource, reload) the real loader back before anyone sees the module.
+            module.__loader__ = loader
+            if module.__spec__ is not None and module.__spec__.loader is self:
+                module.__spec__.loader = loader
+            finder.run_callbacks(self._vllm_compat_fullname, module)
+        finally:
+            finder.leave_import()
 
     def __getattr__(self, name):
         return getattr(self._vllm_compat_loader, name)
@@ -64,6 +73,9 @@ class PostImportFinder:
         self._vllm_compat_resolving = _thread._local()  # per thread: names whose spec is being resolved
         self._vllm_compat_shared: dict = {}  # process-wide state of vllm_compat, see shared_state()
         self._vllm_compat_first_import: dict[str, list] = {}  # top-level package -> callables taking its name
+        self._vllm_compat_watched: set = set()  # modules hooked for the import count alone, without callbacks
+        self._vllm_compat_importing = 0  # hooked modules executing now, all threads together
+        self._vllm_compat_settled: list = []  # callables run when that count falls back to zero
 
     def find_spec(self, fullname, path=None, target=None):
         resolving = self._vllm_compat_resolving
@@ -71,7 +83,8 @@ class PostImportFinder:
             package = fullname.partition(".")[0]
             if package in self._vllm_compat_first_import:
                 self._run_first_import_callbacks(package)
-        if fullname not in self._vllm_compat_callbacks or getattr(resolving, fullname, False):
+        hooked = fullname in self._vllm_compat_callbacks or fullname in self._vllm_compat_watched
+        if not hooked or getattr(resolving, fullname, False):
             return None
         setattr(resolving, fullname, True)
         try:
@@ -111,6 +124,17 @@ class PostImportFinder:
             callbacks = list(self._vllm_compat_callbacks.get(fullname, ()))
         for callback in callbacks:
             callback(module)
+
+    def enter_import(self) -> None:
+        with self._vllm_compat_lock:
+            self._vllm_compat_importing += 1
+
+    def leave_import(self) -> None:
+        with self._vllm_compat_lock:
+            self._vllm_compat_importing -= 1
+            settled = list(self._vllm_compat_settled) if self._vllm_compat_importing == 0 else []
+        for callback in settled:  # outside the lock, as every callback here
+            callback()
 
 
 def _finder():
@@ -157,3 +181,18 @@ def shared_state(name: str, factory):
     finder = _finder()
     with finder._vllm_compat_lock:
         return finder._vllm_compat_shared.setdefault(name, factory())
+
+
+def register_imports_settled_hook(callback, watched: tuple = ()) -> None:
+    """Call ``callback()`` each time the last hooked import in progress ends (see the module docstring); the
+    modules in ``watched`` count as hooked imports too. Registering the same callback twice is a no-op."""
+    finder = _finder()
+    with finder._vllm_compat_lock:
+        finder._vllm_compat_watched.update(watched)
+        if callback not in finder._vllm_compat_settled:
+            finder._vllm_compat_settled.append(callback)
+
+
+def hooked_import_in_progress() -> bool:
+    """Whether a hooked module is executing now, in any thread."""
+    return _finder()._vllm_compat_importing > 0
