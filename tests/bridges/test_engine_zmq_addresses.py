@@ -19,11 +19,11 @@ from packaging.version import Version
 
 import vllm_compat
 from conftest import VLLM_VERSION, needs_omni, needs_startup_hook, needs_vllm, run_python
+from tests.bridges import name_stand_in_cases as cases
 from vllm_compat.bridges import HostKind, is_ours
 from vllm_compat.bridges import engine_zmq_addresses as stand_in
-from vllm_compat.bridges.engine_zmq_addresses import Shape, ZmqAddressesFacts
-from vllm_compat.config import Controls
-from vllm_compat.decide import Action, decide_entry
+from vllm_compat.bridges.engine_zmq_addresses import Shape
+from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.errors import PatchRefusedError
 
@@ -70,25 +70,9 @@ def utils():
 
 # ---- decisions and shapes ----
 
-@pytest.mark.parametrize(
-    ("facts", "action"),
-    [
-        (ZmqAddressesFacts(HostKind.LACKS, ("m:1 (module)",), Shape.KNOWN, Shape.KNOWN), Action.PATCHED),
-        (ZmqAddressesFacts(HostKind.DEFINES, ("m:1 (module)",)), Action.SKIPPED),
-        (ZmqAddressesFacts(HostKind.LACKS, (), Shape.KNOWN, Shape.KNOWN), Action.SKIPPED),
-        (ZmqAddressesFacts(HostKind.NO_MODULE, ("m:1 (module)",)), Action.SKIPPED),
-        (ZmqAddressesFacts(HostKind.LACKS, ("m:1 (module)",), Shape.UNKNOWN, Shape.KNOWN), Action.REFUSED),
-        (ZmqAddressesFacts(HostKind.LACKS, ("m:1 (module)",), Shape.KNOWN, Shape.UNKNOWN), Action.REFUSED),
-        (ZmqAddressesFacts(HostKind.ABSENT, ("m:1 (module)",)), Action.PENDING),
-        (ZmqAddressesFacts(HostKind.UNKNOWN, ("m:1 (module)",)), Action.PENDING),
-    ],
-    ids=["provide", "vllm-has-it", "no-importer", "no-module", "unknown-replacement", "unknown-calls", "no-vllm",
-         "files-cannot-tell"],
-)
+@pytest.mark.parametrize(("facts", "action"), cases.FUNCTION_DECISION_CASES, ids=cases.FUNCTION_DECISION_IDS)
 def test_decision_table(facts, action):
-    assert stand_in.DRIFT_POINT.decide(facts, Controls()).action == action
-    disabled = Controls(disabled_patches=frozenset({stand_in.DRIFT_POINT.entry.id}))
-    assert decide_entry(stand_in.DRIFT_POINT.entry, facts, disabled).action == Action.DISABLED
+    cases.check_decision(stand_in.DRIFT_POINT, facts, action)
 
 
 def test_shapes_the_stand_in_does_not_know_are_unknown():

@@ -10,10 +10,11 @@ import json
 import pytest
 
 from conftest import needs_startup_hook, needs_vllm, run_python
-from vllm_compat.bridges import HostKind, StandInFacts, host_lookup, is_ours
+from tests.bridges import name_stand_in_cases as cases
+from vllm_compat.bridges import HostKind, host_lookup, is_ours
 from vllm_compat.bridges import fp8_copy_missing_attrs as bridge
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action, decide_entry
+from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.errors import PatchRefusedError
 
@@ -82,28 +83,14 @@ def run_scenario(copy) -> dict:
     return namespace["scenario"](copy)
 
 
-@pytest.mark.parametrize(
-    ("facts", "action"),
-    [
-        (StandInFacts(HostKind.LACKS, ("vllm_omni.quantization.int8_config:29 (module)",)), Action.PATCHED),
-        (StandInFacts(HostKind.LACKS, ()), Action.SKIPPED),
-        (StandInFacts(HostKind.DEFINES, ("vllm_omni.quantization.int8_config:29 (module)",)), Action.SKIPPED),
-        (StandInFacts(HostKind.NO_MODULE, ("vllm_omni.quantization.int8_config:29 (module)",)), Action.SKIPPED),
-        (StandInFacts(HostKind.ABSENT, ()), Action.PENDING),
-        (StandInFacts(HostKind.UNKNOWN, ("vllm_omni.quantization.int8_config:29 (module)",)), Action.PENDING),
-    ],
-    ids=["lacks+imported", "lacks+unused", "defines", "no-module", "no-vllm", "unknown"],
-)
+@pytest.mark.parametrize(("facts", "action"), cases.DECISION_CASES, ids=cases.DECISION_IDS)
 def test_decision_table(facts, action):
-    assert bridge.DRIFT_POINT.decide(facts, Controls()).action == action
-    assert decide_entry(bridge.DRIFT_POINT.entry, facts, Controls(disabled_patches=frozenset({bridge.DRIFT_POINT.entry.id}))).action == (
-        Action.DISABLED)
+    cases.check_decision(bridge.DRIFT_POINT, facts, action)
 
 
 @needs_vllm
 def test_static_and_runtime_facts_agree():
-    module = importlib.import_module(FP8)
-    assert bridge.DRIFT_POINT.compare(STATIC, bridge.DRIFT_POINT.detect_runtime(module)) == []
+    cases.check_static_and_runtime_agree(bridge.DRIFT_POINT, STATIC)
 
 
 @needs_missing_name

@@ -11,10 +11,11 @@ import json
 import pytest
 
 from conftest import VLLM_VERSION, needs_startup_hook, needs_vllm, run_python
-from vllm_compat.bridges import HostKind, StandInFacts, is_ours
+from tests.bridges import name_stand_in_cases as cases
+from vllm_compat.bridges import HostKind, is_ours
 from vllm_compat.bridges import history_tool_calls_cnt as bridge
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action, decide_entry
+from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 
 POINT = bridge.DRIFT_POINT
@@ -66,18 +67,9 @@ def oracle():
     return namespace[bridge.NAME]
 
 
-@pytest.mark.parametrize(("facts", "action"), [
-    (StandInFacts(HostKind.LACKS, ("vllm_omni.entrypoints.openai.serving_chat:18 (module)",)), Action.PATCHED),
-    (StandInFacts(HostKind.LACKS, ()), Action.SKIPPED),
-    (StandInFacts(HostKind.DEFINES, ("vllm_omni.entrypoints.openai.serving_chat:18 (module)",)), Action.SKIPPED),
-    (StandInFacts(HostKind.NO_MODULE, ("vllm_omni.entrypoints.openai.serving_chat:18 (module)",)), Action.SKIPPED),
-    (StandInFacts(HostKind.ABSENT, ()), Action.PENDING),
-    (StandInFacts(HostKind.UNKNOWN, ("vllm_omni.entrypoints.openai.serving_chat:18 (module)",)), Action.PENDING),
-], ids=["lacks+imported", "lacks+unused", "defines", "no-module", "no-vllm", "unknown"])
+@pytest.mark.parametrize(("facts", "action"), cases.DECISION_CASES, ids=cases.DECISION_IDS)
 def test_decision_table(facts, action):
-    assert POINT.decide(facts, Controls()).action == action
-    assert decide_entry(POINT.entry, facts, Controls(disabled_patches=frozenset({POINT.entry.id}))).action == (
-        Action.DISABLED)
+    cases.check_decision(POINT, facts, action)
 
 
 @pytest.mark.parametrize("history", list(HISTORIES), ids=list(HISTORIES))

@@ -23,6 +23,7 @@ from packaging.version import Version
 
 import vllm_compat
 from conftest import VLLM_VERSION, needs_omni, needs_startup_hook, needs_vllm, run_python
+from tests.bridges import name_stand_in_cases as cases
 from tests.support.kv_cache_plans import (
     RECORD,
     SCENARIOS,
@@ -35,9 +36,9 @@ from tests.support.kv_cache_plans import (
 )
 from vllm_compat.bridges import HostKind, is_ours
 from vllm_compat.bridges import kv_cache_configs as stand_in
-from vllm_compat.bridges.kv_cache_configs import KVCacheConfigsFacts, Shape
+from vllm_compat.bridges.kv_cache_configs import Shape
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action, decide_entry
+from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.errors import PatchRefusedError
 
@@ -71,25 +72,9 @@ def record() -> dict:
 
 # ---- decisions and shapes ----
 
-@pytest.mark.parametrize(
-    ("facts", "action"),
-    [
-        (KVCacheConfigsFacts(HostKind.LACKS, ("m:10 (module)",), Shape.KNOWN, Shape.KNOWN), Action.PATCHED),
-        (KVCacheConfigsFacts(HostKind.DEFINES, ("m:10 (module)",)), Action.SKIPPED),
-        (KVCacheConfigsFacts(HostKind.LACKS, (), Shape.KNOWN, Shape.KNOWN), Action.SKIPPED),
-        (KVCacheConfigsFacts(HostKind.NO_MODULE, ("m:10 (module)",)), Action.SKIPPED),
-        (KVCacheConfigsFacts(HostKind.LACKS, ("m:10 (module)",), Shape.UNKNOWN, Shape.KNOWN), Action.REFUSED),
-        (KVCacheConfigsFacts(HostKind.LACKS, ("m:10 (module)",), Shape.KNOWN, Shape.UNKNOWN), Action.REFUSED),
-        (KVCacheConfigsFacts(HostKind.ABSENT, ("m:10 (module)",)), Action.PENDING),
-        (KVCacheConfigsFacts(HostKind.UNKNOWN, ("m:10 (module)",)), Action.PENDING),
-    ],
-    ids=["provide", "vllm-has-it", "no-importer", "no-module", "unknown-replacement", "unknown-calls", "no-vllm",
-         "files-cannot-tell"],
-)
+@pytest.mark.parametrize(("facts", "action"), cases.FUNCTION_DECISION_CASES, ids=cases.FUNCTION_DECISION_IDS)
 def test_decision_table(facts, action):
-    assert stand_in.DRIFT_POINT.decide(facts, Controls()).action == action
-    disabled = Controls(disabled_patches=frozenset({stand_in.DRIFT_POINT.entry.id}))
-    assert decide_entry(stand_in.DRIFT_POINT.entry, facts, disabled).action == Action.DISABLED
+    cases.check_decision(stand_in.DRIFT_POINT, facts, action)
 
 
 def test_shapes_the_stand_in_does_not_know_are_unknown():

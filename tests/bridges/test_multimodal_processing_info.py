@@ -18,10 +18,11 @@ import zipfile
 import pytest
 
 from conftest import needs_startup_hook, needs_vllm, run_python
-from vllm_compat.bridges import HostKind, StandInFacts, installed_omni_tree, is_ours
+from tests.bridges import name_stand_in_cases as cases
+from vllm_compat.bridges import HostKind, installed_omni_tree, is_ours
 from vllm_compat.bridges import multimodal_processing_info as bridge
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action, decide_entry
+from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.errors import PatchRefusedError
 
@@ -85,28 +86,14 @@ def run_thinker(extra: str = "", env: dict | None = None) -> dict:
     return json.loads(result.stdout.split("RESULT ", 1)[1])
 
 
-@pytest.mark.parametrize(
-    ("facts", "action"),
-    [
-        (StandInFacts(HostKind.LACKS, (f"{THINKER}:80 (module)",)), Action.PATCHED),
-        (StandInFacts(HostKind.LACKS, ()), Action.SKIPPED),
-        (StandInFacts(HostKind.DEFINES, (f"{THINKER}:80 (module)",)), Action.SKIPPED),
-        (StandInFacts(HostKind.NO_MODULE, (f"{THINKER}:80 (module)",)), Action.SKIPPED),
-        (StandInFacts(HostKind.ABSENT, ()), Action.PENDING),
-        (StandInFacts(HostKind.UNKNOWN, (f"{THINKER}:80 (module)",)), Action.PENDING),
-    ],
-    ids=["lacks+imported", "lacks+unused", "defines", "no-module", "no-vllm", "unknown"],
-)
+@pytest.mark.parametrize(("facts", "action"), cases.DECISION_CASES, ids=cases.DECISION_IDS)
 def test_decision_table(facts, action):
-    assert bridge.DRIFT_POINT.decide(facts, Controls()).action == action
-    assert decide_entry(bridge.DRIFT_POINT.entry, facts, Controls(disabled_patches=frozenset({bridge.DRIFT_POINT.entry.id}))).action == (
-        Action.DISABLED)
+    cases.check_decision(bridge.DRIFT_POINT, facts, action)
 
 
 @needs_vllm
 def test_static_and_runtime_facts_agree():
-    module = importlib.import_module(PROCESSOR)
-    assert bridge.DRIFT_POINT.compare(STATIC, bridge.DRIFT_POINT.detect_runtime(module)) == []
+    cases.check_static_and_runtime_agree(bridge.DRIFT_POINT, STATIC)
 
 
 def test_fields_are_vllm_0_30_s():

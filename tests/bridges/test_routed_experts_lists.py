@@ -9,11 +9,12 @@ import json
 import pytest
 
 from conftest import STARTUP_HOOK, needs_startup_hook, needs_vllm, run_python
+from tests.bridges import name_stand_in_cases as cases
 from tests.support.cell_matrix import cell_unresolved, names_an_unresolved
-from vllm_compat.bridges import HostKind, StandInFacts, is_ours
+from vllm_compat.bridges import HostKind, is_ours
 from vllm_compat.bridges import routed_experts_lists as bridge
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action, decide_entry
+from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 
 STATIC = bridge.DRIFT_POINT.detect_static(StaticSite.installed())
@@ -29,28 +30,14 @@ needs_vllm_defining_it = pytest.mark.skipif(
 IMPORT_ERROR = "cannot import name 'RoutedExpertsLists' from 'vllm.v1.outputs'"
 
 
-@pytest.mark.parametrize(
-    ("facts", "action"),
-    [
-        (StandInFacts(HostKind.LACKS, ("vllm_omni.core.sched.utils:6 (module)",)), Action.PATCHED),
-        (StandInFacts(HostKind.LACKS, ()), Action.SKIPPED),
-        (StandInFacts(HostKind.DEFINES, ("vllm_omni.core.sched.utils:6 (module)",)), Action.SKIPPED),
-        (StandInFacts(HostKind.NO_MODULE, ("vllm_omni.core.sched.utils:6 (module)",)), Action.SKIPPED),
-        (StandInFacts(HostKind.ABSENT, ()), Action.PENDING),
-        (StandInFacts(HostKind.UNKNOWN, ("vllm_omni.core.sched.utils:6 (module)",)), Action.PENDING),
-    ],
-    ids=["lacks+imported", "lacks+unused", "defines", "no-module", "no-vllm", "unknown"],
-)
+@pytest.mark.parametrize(("facts", "action"), cases.DECISION_CASES, ids=cases.DECISION_IDS)
 def test_decision_table(facts, action):
-    assert bridge.DRIFT_POINT.decide(facts, Controls()).action == action
-    assert decide_entry(bridge.DRIFT_POINT.entry, facts, Controls(disabled_patches=frozenset({bridge.DRIFT_POINT.entry.id}))).action == (
-        Action.DISABLED)
+    cases.check_decision(bridge.DRIFT_POINT, facts, action)
 
 
 @needs_vllm
 def test_static_and_runtime_facts_agree():
-    module = importlib.import_module(bridge.DRIFT_POINT.entry.target_module)
-    assert bridge.DRIFT_POINT.compare(STATIC, bridge.DRIFT_POINT.detect_runtime(module)) == []
+    cases.check_static_and_runtime_agree(bridge.DRIFT_POINT, STATIC)
 
 
 @needs_missing_name
