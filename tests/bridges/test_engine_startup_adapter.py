@@ -12,7 +12,6 @@ it with vLLM's RuntimeError naming the process.
 
 from __future__ import annotations
 
-import importlib
 import multiprocessing
 import os
 import threading
@@ -21,13 +20,13 @@ import pytest
 
 import vllm_compat
 from conftest import needs_omni
+from tests.bridges import engine_startup_cases as cases
 from vllm_compat.bridges import engine_startup_adapter as adapter
 from vllm_compat.bridges import is_ours
 from vllm_compat.bridges.engine_startup_adapter import CallShape, CallShapes
 from vllm_compat.config import Controls
 from vllm_compat.decide import Action, decide_entry
 from vllm_compat.detect.static import StaticSite
-from vllm_compat.errors import PatchRefusedError
 
 STATIC = adapter.DRIFT_POINT.detect_static(StaticSite.installed())
 CALLER = adapter.DRIFT_POINT.entry.target_module
@@ -49,23 +48,7 @@ STARTUP_TIMEOUT_S = 60  # a startup that is still waiting by then would wait for
 
 @pytest.fixture(scope="module")
 def caller():
-    """The vllm-omni module that calls vLLM's function (imported once: ~1 min on this machine), with
-    vllm_compat applied (the startup hook did already where it is installed)."""
-    try:
-        module = importlib.import_module(CALLER)
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] in ("vllm", "vllm_omni"):
-            raise  # a vLLM / vllm-omni name missing is this project's business: fail
-        pytest.skip(f"{CALLER} does not import in this env for a reason outside vLLM and vllm-omni: {exc} "
-                    "(the matrix uninstalls torchvision, which PyPI builds for another torch)")
-    vllm_compat.apply()
-    return module
-
-
-def _vllm_function():
-    from vllm.v1.engine import utils
-
-    return utils.wait_for_engine_startup
+    return cases.import_caller(adapter.DRIFT_POINT)
 
 
 # ---- decisions and shapes ----
@@ -129,7 +112,7 @@ def test_static_and_runtime_shapes_agree_and_match_the_live_signature(caller):
     assert adapter.DRIFT_POINT.compare(STATIC, runtime) == []
     assert runtime.caller == CallShape.ADDRESSES, runtime  # vllm-omni 0.24.0's calls (the only release that has them)
     assert runtime.calls and all("8 positional" in call for call in runtime.calls), runtime.calls
-    live = tuple(inspect.signature(_vllm_function()).parameters)
+    live = tuple(inspect.signature(cases.vllm_function()).parameters)
     expected = {CallShape.ADDRESSES: adapter.ADDRESSES_PARAMS, CallShape.LAUNCH: adapter.LAUNCH_PARAMS}
     assert live == expected[runtime.callee], (live, runtime)
 
@@ -204,7 +187,7 @@ def _finish(manager, conn):
 def test_unpatched_stage_startup_raises_the_type_error(caller):
     adapter.DRIFT_POINT.uninstall(caller)
     try:
-        assert caller.wait_for_engine_startup is _vllm_function()  # vLLM 0.30's own, unpatched
+        assert caller.wait_for_engine_startup is cases.vllm_function()  # vLLM 0.30's own, unpatched
         manager, address, conn = _start_stage(caller)
         raised = _wait_until_started(manager, address)
         assert isinstance(raised, TypeError), raised
@@ -223,8 +206,8 @@ def test_stage_startup_completes_the_handshake_as_natively(caller, monkeypatch):
     seen = []
     if STATIC.callee == CallShape.LAUNCH:
         installed = caller.wait_for_engine_startup
-        assert is_ours(installed, adapter.DRIFT_POINT.entry.id) and installed.__wrapped__ is _vllm_function()
-        real = _vllm_function()
+        assert is_ours(installed, adapter.DRIFT_POINT.entry.id) and installed.__wrapped__ is cases.vllm_function()
+        real = cases.vllm_function()
 
         def spy(*args, **kwargs):  # between the adapter and vLLM's real function
             seen.append((args, kwargs))
@@ -320,39 +303,16 @@ def test_real_stage_startup_without_a_model_fails_as_natively(caller, tmp_path):
 @needs_omni
 @needs_shapes_to_adapt
 def test_installed_on_import_and_uninstall_restores_the_exact_original(caller):
-    original = _vllm_function()
-    decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[adapter.DRIFT_POINT.entry.id].action == Action.PATCHED
-    assert decisions[adapter.DRIFT_POINT.entry.id].variant == adapter.VARIANT
-    installed = caller.wait_for_engine_startup
-    assert is_ours(installed, adapter.DRIFT_POINT.entry.id) and installed.__wrapped__ is original
-    import inspect
-
-    assert tuple(inspect.signature(installed).parameters) == adapter.ADDRESSES_PARAMS
-    vllm_compat.apply()
-    assert caller.wait_for_engine_startup is installed  # idempotent
-    try:
-        vllm_compat.revert()
-        assert caller.wait_for_engine_startup is original
-        assert adapter.DRIFT_POINT.uninstall(caller) is False
-    finally:
-        vllm_compat.apply()
-    assert is_ours(caller.wait_for_engine_startup, adapter.DRIFT_POINT.entry.id)
+    cases.check_installed_on_import_and_uninstall_exact(adapter.DRIFT_POINT, caller)
 
 
 @needs_omni
 @needs_shapes_to_adapt
 def test_refuses_a_binding_that_is_not_vllms_function(caller, monkeypatch):
-    monkeypatch.setattr(caller, adapter.NAME, lambda *args: None)
-    with pytest.raises(PatchRefusedError, match=r"is <function .*<lambda>.*not vllm\.v1\.engine\.utils"):
-        adapter.DRIFT_POINT.prepare(caller, adapter.DRIFT_POINT.detect_runtime(caller))
+    cases.check_refuses_a_binding_that_is_not_vllms_function(adapter.DRIFT_POINT, caller, monkeypatch)
 
 
 @needs_omni
 @needs_matching_old_shapes
 def test_stays_out_where_the_shapes_already_match(caller):
-    decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[adapter.DRIFT_POINT.entry.id].action == Action.SKIPPED
-    assert "the way this vLLM takes it" in decisions[adapter.DRIFT_POINT.entry.id].reason
-    assert caller.wait_for_engine_startup is _vllm_function()
-    assert adapter.DRIFT_POINT.uninstall(caller) is False
+    cases.check_stays_out_where_the_shapes_already_match(adapter.DRIFT_POINT, caller)

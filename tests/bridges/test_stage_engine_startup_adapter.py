@@ -19,7 +19,6 @@ RuntimeError naming the process.
 
 from __future__ import annotations
 
-import importlib
 import multiprocessing
 import os
 import threading
@@ -29,12 +28,11 @@ import pytest
 
 import vllm_compat
 from conftest import needs_omni
+from tests.bridges import engine_startup_cases as cases
 from vllm_compat.bridges import is_ours
 from vllm_compat.bridges import stage_engine_startup_adapter as adapter
-from vllm_compat.bridges._engine_startup_call import ADDRESSES_PARAMS, LAUNCH_PARAMS, NAME, VARIANT, CallShape
-from vllm_compat.decide import Action
+from vllm_compat.bridges._engine_startup_call import ADDRESSES_PARAMS, LAUNCH_PARAMS, NAME, CallShape
 from vllm_compat.detect.static import StaticSite
-from vllm_compat.errors import PatchRefusedError
 
 STATIC = adapter.DRIFT_POINT.detect_static(StaticSite.installed())
 CALLER = adapter.DRIFT_POINT.entry.target_module
@@ -58,23 +56,7 @@ PATHS = ("remote_diffusion", "remote_engines", "colocated_replica", "registered_
 
 @pytest.fixture(scope="module")
 def caller():
-    """The vllm-omni module (imported once), with vllm_compat applied (the startup hook did already where it is
-    installed; on vLLM 0.32+ the module imports only with the ``engine_zmq_addresses`` stand-in)."""
-    try:
-        module = importlib.import_module(CALLER)
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] in ("vllm", "vllm_omni"):
-            raise  # a vLLM / vllm-omni name missing is this project's business: fail
-        pytest.skip(f"{CALLER} does not import in this env for a reason outside vLLM and vllm-omni: {exc} "
-                    "(the matrix uninstalls torchvision, which PyPI builds for another torch)")
-    vllm_compat.apply()
-    return module
-
-
-def _vllm_function():
-    from vllm.v1.engine import utils
-
-    return utils.wait_for_engine_startup
+    return cases.import_caller(adapter.DRIFT_POINT)
 
 
 # ---- shapes ----
@@ -88,7 +70,7 @@ def test_static_and_runtime_shapes_agree_and_all_four_calls_have_one_shape(calle
     assert adapter.DRIFT_POINT.compare(STATIC, runtime) == []
     positional = {CallShape.ADDRESSES: "8 positional", CallShape.LAUNCH: "6 positional"}[runtime.caller]
     assert len(runtime.calls) == 4 and all(positional in call for call in runtime.calls), runtime.calls
-    live = tuple(inspect.signature(_vllm_function()).parameters)
+    live = tuple(inspect.signature(cases.vllm_function()).parameters)
     assert live == {CallShape.ADDRESSES: ADDRESSES_PARAMS, CallShape.LAUNCH: LAUNCH_PARAMS}[runtime.callee], runtime
 
 
@@ -272,7 +254,7 @@ def test_unpatched_startup_raises_the_type_error(caller, path, monkeypatch):
     engines = _Engines()
     adapter.DRIFT_POINT.uninstall(caller)
     try:
-        assert caller.wait_for_engine_startup is _vllm_function()  # vLLM's own, unadapted
+        assert caller.wait_for_engine_startup is cases.vllm_function()  # vLLM's own, unadapted
         _, raised = _run_path(caller, path, engines, monkeypatch)
     finally:
         vllm_compat.apply()
@@ -290,8 +272,8 @@ def test_startup_completes_the_handshake_as_natively(caller, path, monkeypatch):
     seen = []
     if STATIC.callee == CallShape.LAUNCH:
         installed = caller.wait_for_engine_startup
-        assert is_ours(installed, adapter.DRIFT_POINT.entry.id) and installed.__wrapped__ is _vllm_function()
-        real = _vllm_function()
+        assert is_ours(installed, adapter.DRIFT_POINT.entry.id) and installed.__wrapped__ is cases.vllm_function()
+        real = cases.vllm_function()
 
         def spy(*args, **kwargs):  # between the adapter and vLLM's real function
             seen.append((args, kwargs))
@@ -345,39 +327,16 @@ def test_a_local_engine_dying_during_startup_fails_it_as_natively(caller, path, 
 @needs_omni
 @needs_shapes_to_adapt
 def test_installed_on_import_and_uninstall_restores_the_exact_original(caller):
-    import inspect
-
-    original = _vllm_function()
-    decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[adapter.DRIFT_POINT.entry.id].action == Action.PATCHED
-    assert decisions[adapter.DRIFT_POINT.entry.id].variant == VARIANT
-    installed = caller.wait_for_engine_startup
-    assert is_ours(installed, adapter.DRIFT_POINT.entry.id) and installed.__wrapped__ is original
-    assert tuple(inspect.signature(installed).parameters) == ADDRESSES_PARAMS
-    vllm_compat.apply()
-    assert caller.wait_for_engine_startup is installed  # idempotent
-    try:
-        vllm_compat.revert()
-        assert caller.wait_for_engine_startup is original
-        assert adapter.DRIFT_POINT.uninstall(caller) is False
-    finally:
-        vllm_compat.apply()
-    assert is_ours(caller.wait_for_engine_startup, adapter.DRIFT_POINT.entry.id)
+    cases.check_installed_on_import_and_uninstall_exact(adapter.DRIFT_POINT, caller)
 
 
 @needs_omni
 @needs_shapes_to_adapt
 def test_refuses_a_binding_that_is_not_vllms_function(caller, monkeypatch):
-    monkeypatch.setattr(caller, NAME, lambda *args: None)
-    with pytest.raises(PatchRefusedError, match=r"is <function .*<lambda>.*not vllm\.v1\.engine\.utils"):
-        adapter.DRIFT_POINT.prepare(caller, adapter.DRIFT_POINT.detect_runtime(caller))
+    cases.check_refuses_a_binding_that_is_not_vllms_function(adapter.DRIFT_POINT, caller, monkeypatch)
 
 
 @needs_omni
 @needs_matching_shapes
 def test_stays_out_where_the_shapes_already_match(caller):
-    decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[adapter.DRIFT_POINT.entry.id].action == Action.SKIPPED
-    assert "the way this vLLM takes it" in decisions[adapter.DRIFT_POINT.entry.id].reason
-    assert caller.wait_for_engine_startup is _vllm_function()
-    assert adapter.DRIFT_POINT.uninstall(caller) is False
+    cases.check_stays_out_where_the_shapes_already_match(adapter.DRIFT_POINT, caller)
