@@ -109,6 +109,8 @@ CATALOGUE: tuple[Entry, ...] = (
           "AsyncOmni"),
     Entry("setup_server_call", "adapter", _B + "setup_server_call", "vllm_omni.entrypoints.openai.api_server",
           "setup_openai_server"),
+    Entry("cli_logging_setup", "adapter", _B + "cli_logging_setup", "vllm_omni.entrypoints.cli.serve",
+          "OmniServeCommand.validate"),
 )
 
 
