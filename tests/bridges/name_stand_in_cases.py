@@ -1,15 +1,18 @@
 """What every name stand-in's tests check (tests/bridges/test_fp8_copy_missing_attrs.py, test_routed_experts_lists.py,
 test_multimodal_processing_info.py, test_history_tool_calls_cnt.py, and the function stand-ins'
 test_engine_zmq_addresses.py and test_kv_cache_configs.py call these with their bridge): the decision table and the
-two detections agreeing on the real wheels."""
+two detections agreeing, install / uninstall exact, and staying out where vLLM defines the name, on the real wheels."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.bridges.module_stand_in_cases import check_static_and_runtime_agree  # noqa: F401 - the same check
-from vllm_compat.bridges import HostKind, StandInFacts
+from vllm_compat.bridges import HostKind, StandInFacts, is_ours
 from vllm_compat.bridges._name_stand_in import FunctionStandInFacts, Shape
 from vllm_compat.config import Controls
 from vllm_compat.decide import Action, decide_entry
+from vllm_compat.errors import PatchRefusedError
 
 IMPORTER = ("vllm_omni.some.module:1 (module)",)
 DECISION_CASES = [
@@ -41,3 +44,41 @@ def check_decision(point, facts, action):
     """``facts`` decide ``action`` under the default controls; disabling the entry makes any facts DISABLED."""
     assert point.decide(facts, Controls()).action == action
     assert decide_entry(point.entry, facts, Controls(disabled_patches=frozenset({point.id}))).action == Action.DISABLED
+
+
+def check_install_uninstall_exact(point, static, module, while_installed=None):
+    """On vLLM's ``module`` that lacks the name: uninstall; install twice (the second a no-op) adds exactly the
+    entry's marked object (``while_installed(obj)`` checks it further); uninstall removes exactly it; what was there
+    before is put back."""
+    had = vars(module).get(point.name)
+    try:
+        point.uninstall(module)
+        names = set(vars(module))
+        decision = point.decide(point.detect_runtime(module), Controls())
+        assert decision.action == Action.PATCHED, decision
+        assert point.install(module, decision, point.prepare(module, static)) is True
+        assert point.install(module, decision, point.prepare(module, static)) is False  # already there: a no-op
+        installed = vars(module)[point.name]
+        assert set(vars(module)) - names == {point.name} and is_ours(installed, point.id)
+        if while_installed is not None:
+            while_installed(installed)
+        assert point.uninstall(module) is True and set(vars(module)) == names
+        assert point.uninstall(module) is False
+    finally:
+        if had is not None:
+            setattr(module, point.name, had)
+
+
+def check_stays_out_where_vllm_defines_it(point, module):
+    """Skipped, vLLM's own object left in place, never replaced (prepare refuses), uninstall a no-op. Returns
+    vLLM's own object, for the bridge's differential checks against it."""
+    import vllm_compat
+
+    decision = {d.name: d for d in vllm_compat.apply()}[point.id]
+    assert decision.action == Action.SKIPPED and "its own is used" in decision.reason, decision
+    own = vars(module)[point.name]
+    assert not is_ours(own) and own.__module__ == module.__name__
+    with pytest.raises(PatchRefusedError, match="never replaces a name vLLM defines"):
+        point.prepare(module, point.detect_runtime(module))
+    assert point.uninstall(module) is False and vars(module)[point.name] is own
+    return own

@@ -225,11 +225,4 @@ def test_refuses_a_replacement_of_another_shape(utils, monkeypatch):
 
 @needs_vllms_own
 def test_stays_out_where_vllm_has_it(utils):
-    decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[stand_in.DRIFT_POINT.entry.id].action == Action.SKIPPED
-    assert "its own is used" in decisions[stand_in.DRIFT_POINT.entry.id].reason
-    own = utils.get_engine_zmq_addresses
-    assert own.__module__ == stand_in.DRIFT_POINT.entry.target_module and not is_ours(own)
-    with pytest.raises(PatchRefusedError, match="never replaces a name vLLM defines"):
-        stand_in.DRIFT_POINT.prepare(utils, stand_in.DRIFT_POINT.detect_runtime(utils))
-    assert stand_in.DRIFT_POINT.uninstall(utils) is False and utils.get_engine_zmq_addresses is own
+    cases.check_stays_out_where_vllm_defines_it(stand_in.DRIFT_POINT, utils)

@@ -11,10 +11,8 @@ import pytest
 
 from conftest import needs_startup_hook, needs_vllm, run_python
 from tests.bridges import name_stand_in_cases as cases
-from vllm_compat.bridges import HostKind, host_lookup, is_ours
+from vllm_compat.bridges import HostKind, host_lookup
 from vllm_compat.bridges import fp8_copy_missing_attrs as bridge
-from vllm_compat.config import Controls
-from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.errors import PatchRefusedError
 
@@ -194,22 +192,10 @@ print("RESULT", json.dumps(out))
 
 @needs_missing_name
 def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
-    module = importlib.import_module(FP8)  # vllm_compat's hook (pytest plugin) ran
-    had = vars(module).get(bridge.NAME)
-    try:
-        bridge.DRIFT_POINT.uninstall(module)
-        names = set(vars(module))
-        decision = bridge.DRIFT_POINT.decide(bridge.DRIFT_POINT.detect_runtime(module), Controls())
-        assert decision.action == Action.PATCHED
-        assert bridge.DRIFT_POINT.install(module, decision, bridge.DRIFT_POINT.prepare(module, STATIC)) is True
-        assert bridge.DRIFT_POINT.install(module, decision, None) is False  # already there: a no-op
-        assert set(vars(module)) - names == {bridge.NAME} and is_ours(module._copy_missing_attrs, bridge.DRIFT_POINT.entry.id)
-        assert run_scenario(module._copy_missing_attrs) == SCENARIO_RESULT
-        assert bridge.DRIFT_POINT.uninstall(module) is True and set(vars(module)) == names
-        assert bridge.DRIFT_POINT.uninstall(module) is False
-    finally:
-        if had is not None:
-            setattr(module, bridge.NAME, had)
+    def scenario_holds(copy):
+        assert run_scenario(copy) == SCENARIO_RESULT
+
+    cases.check_install_uninstall_exact(bridge.DRIFT_POINT, STATIC, importlib.import_module(FP8), scenario_holds)
 
 
 @needs_missing_name
@@ -228,14 +214,5 @@ def test_refuses_where_set_weight_attrs_has_another_shape(monkeypatch):
 def test_stays_out_where_vllm_defines_it_and_the_scenario_is_vllm_s_own():
     """vLLM <= 0.26: its own function is left in place, and the scenario the stand-in is held to gives the same
     result on it (the differential oracle)."""
-    import vllm_compat
-
-    module = importlib.import_module(FP8)
-    decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[bridge.DRIFT_POINT.entry.id].action == Action.SKIPPED
-    own = module._copy_missing_attrs
-    assert not is_ours(own) and own.__module__ == FP8
-    with pytest.raises(PatchRefusedError, match="never replaces a name vLLM defines"):
-        bridge.DRIFT_POINT.prepare(module, bridge.DRIFT_POINT.detect_runtime(module))
-    assert bridge.DRIFT_POINT.uninstall(module) is False and module._copy_missing_attrs is own
+    own = cases.check_stays_out_where_vllm_defines_it(bridge.DRIFT_POINT, importlib.import_module(FP8))
     assert run_scenario(own) == SCENARIO_RESULT

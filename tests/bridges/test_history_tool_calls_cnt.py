@@ -12,10 +12,8 @@ import pytest
 
 from conftest import VLLM_VERSION, needs_startup_hook, needs_vllm, run_python
 from tests.bridges import name_stand_in_cases as cases
-from vllm_compat.bridges import HostKind, is_ours
+from vllm_compat.bridges import HostKind
 from vllm_compat.bridges import history_tool_calls_cnt as bridge
-from vllm_compat.config import Controls
-from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 
 POINT = bridge.DRIFT_POINT
@@ -149,33 +147,10 @@ def test_import_works_with_the_stand_in_and_revert_removes_exactly_it():
 
 @needs_missing_name
 def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
-    module = importlib.import_module(POINT.entry.target_module)
-    had = vars(module).get(bridge.NAME)
-    try:
-        POINT.uninstall(module)
-        names = set(vars(module))
-        decision = POINT.decide(POINT.detect_runtime(module), Controls())
-        assert decision.action == Action.PATCHED
-        assert POINT.install(module, decision, POINT.prepare(module, STATIC)) is True
-        assert POINT.install(module, decision, None) is False
-        assert set(vars(module)) - names == {bridge.NAME} and is_ours(vars(module)[bridge.NAME], POINT.entry.id)
-        assert POINT.uninstall(module) is True and set(vars(module)) == names
-        assert POINT.uninstall(module) is False
-    finally:
-        if had is not None:
-            setattr(module, bridge.NAME, had)
+    cases.check_install_uninstall_exact(POINT, STATIC, importlib.import_module(POINT.entry.target_module))
 
 
 @needs_vllm_defining_it
 def test_stays_out_where_vllm_defines_it_and_vllm_s_own_counts_the_same():
-    import vllm_compat
-
-    module = importlib.import_module(POINT.entry.target_module)
-    decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[POINT.entry.id].action == Action.SKIPPED
-    own = vars(module)[bridge.NAME]
-    assert not is_ours(own) and own.__module__ == POINT.entry.target_module
-    with pytest.raises(Exception, match="never replaces a name vLLM defines"):
-        POINT.prepare(module, POINT.detect_runtime(module))
-    assert POINT.uninstall(module) is False and vars(module)[bridge.NAME] is own
+    own = cases.check_stays_out_where_vllm_defines_it(POINT, importlib.import_module(POINT.entry.target_module))
     assert all(own(h) == bridge.get_history_tool_calls_cnt(h) for h in HISTORIES.values())

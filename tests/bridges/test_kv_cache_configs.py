@@ -37,8 +37,6 @@ from tests.support.kv_cache_plans import (
 from vllm_compat.bridges import HostKind, is_ours
 from vllm_compat.bridges import kv_cache_configs as stand_in
 from vllm_compat.bridges.kv_cache_configs import Shape
-from vllm_compat.config import Controls
-from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.errors import PatchRefusedError
 
@@ -363,20 +361,7 @@ out["back"] = getattr(utils, {stand_in.NAME!r}, None) is function
 
 @needs_stand_in
 def test_install_is_idempotent_and_uninstall_removes_exactly_ours(utils):
-    had = vars(utils).get(stand_in.NAME)
-    try:
-        stand_in.DRIFT_POINT.uninstall(utils)
-        names = set(vars(utils))
-        decision = stand_in.DRIFT_POINT.decide(stand_in.DRIFT_POINT.detect_runtime(utils), Controls())
-        assert decision.action == Action.PATCHED, decision
-        assert stand_in.DRIFT_POINT.install(utils, decision, stand_in.DRIFT_POINT.prepare(utils, STATIC)) is True
-        assert stand_in.DRIFT_POINT.install(utils, decision, stand_in.DRIFT_POINT.prepare(utils, STATIC)) is False  # already there: a no-op
-        assert set(vars(utils)) - names == {stand_in.NAME} and is_ours(utils.get_kv_cache_configs, stand_in.DRIFT_POINT.entry.id)
-        assert stand_in.DRIFT_POINT.uninstall(utils) is True and set(vars(utils)) == names
-        assert stand_in.DRIFT_POINT.uninstall(utils) is False
-    finally:
-        if had is not None:
-            setattr(utils, stand_in.NAME, had)
+    cases.check_install_uninstall_exact(stand_in.DRIFT_POINT, STATIC, utils)
 
 
 @needs_stand_in
@@ -422,11 +407,4 @@ def test_refuses_a_planning_module_of_another_shape(utils, tmp_path):
 
 @needs_vllms_own
 def test_stays_out_where_vllm_has_it(utils):
-    decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[stand_in.DRIFT_POINT.entry.id].action == Action.SKIPPED
-    assert "its own is used" in decisions[stand_in.DRIFT_POINT.entry.id].reason
-    own = utils.get_kv_cache_configs
-    assert own.__module__ == UTILS and not is_ours(own)
-    with pytest.raises(PatchRefusedError, match="never replaces a name vLLM defines"):
-        stand_in.DRIFT_POINT.prepare(utils, stand_in.DRIFT_POINT.detect_runtime(utils))
-    assert stand_in.DRIFT_POINT.uninstall(utils) is False and utils.get_kv_cache_configs is own
+    cases.check_stays_out_where_vllm_defines_it(stand_in.DRIFT_POINT, utils)

@@ -19,12 +19,9 @@ import pytest
 
 from conftest import needs_startup_hook, needs_vllm, run_python
 from tests.bridges import name_stand_in_cases as cases
-from vllm_compat.bridges import HostKind, installed_omni_tree, is_ours
+from vllm_compat.bridges import HostKind, installed_omni_tree
 from vllm_compat.bridges import multimodal_processing_info as bridge
-from vllm_compat.config import Controls
-from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
-from vllm_compat.errors import PatchRefusedError
 
 STATIC = bridge.DRIFT_POINT.detect_static(StaticSite.installed())
 TARGET = bridge.DRIFT_POINT.entry.target_path
@@ -199,37 +196,15 @@ out["back"] = getattr(processor, {bridge.NAME!r}, None) is info
 
 @needs_missing_name
 def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
-    module = importlib.import_module(PROCESSOR)  # vllm_compat's hook (pytest plugin) ran
-    had = vars(module).get(bridge.NAME)
-    try:
-        bridge.DRIFT_POINT.uninstall(module)
-        names = set(vars(module))
-        decision = bridge.DRIFT_POINT.decide(bridge.DRIFT_POINT.detect_runtime(module), Controls())
-        assert decision.action == Action.PATCHED
-        assert bridge.DRIFT_POINT.install(module, decision, bridge.DRIFT_POINT.prepare(module, STATIC)) is True
-        assert bridge.DRIFT_POINT.install(module, decision, bridge.DRIFT_POINT.prepare(module, STATIC)) is False  # already there: a no-op
-        assert set(vars(module)) - names == {bridge.NAME} and is_ours(module.MultiModalProcessingInfo, bridge.DRIFT_POINT.entry.id)
-        assert bridge.DRIFT_POINT.uninstall(module) is True and set(vars(module)) == names
-        assert bridge.DRIFT_POINT.uninstall(module) is False
-    finally:
-        if had is not None:
-            setattr(module, bridge.NAME, had)
+    cases.check_install_uninstall_exact(bridge.DRIFT_POINT, STATIC, importlib.import_module(PROCESSOR))
 
 
 @needs_vllm_defining_it
 def test_stays_out_where_vllm_defines_it_and_matches_vllm_s_own():
     """vLLM <= 0.30: its own class is left in place, and the stand-in built on that module is the same NamedTuple
     (fields, annotations, no defaults)."""
-    import vllm_compat
-
     module = importlib.import_module(PROCESSOR)
-    decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[bridge.DRIFT_POINT.entry.id].action == Action.SKIPPED
-    own = module.MultiModalProcessingInfo
-    assert not is_ours(own) and own.__module__ == PROCESSOR
-    with pytest.raises(PatchRefusedError, match="never replaces a name vLLM defines"):
-        bridge.DRIFT_POINT.prepare(module, bridge.DRIFT_POINT.detect_runtime(module))
-    assert bridge.DRIFT_POINT.uninstall(module) is False and module.MultiModalProcessingInfo is own
+    own = cases.check_stays_out_where_vllm_defines_it(bridge.DRIFT_POINT, module)
     stand_in = bridge.build_stand_in(module)
     assert (stand_in._fields, stand_in.__annotations__, stand_in._field_defaults) == (
         own._fields, own.__annotations__, own._field_defaults)

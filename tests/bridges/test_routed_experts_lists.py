@@ -11,10 +11,9 @@ import pytest
 from conftest import STARTUP_HOOK, needs_startup_hook, needs_vllm, run_python
 from tests.bridges import name_stand_in_cases as cases
 from tests.support.cell_matrix import cell_unresolved, names_an_unresolved
-from vllm_compat.bridges import HostKind, is_ours
+from vllm_compat.bridges import HostKind
 from vllm_compat.bridges import routed_experts_lists as bridge
 from vllm_compat.config import Controls
-from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 
 STATIC = bridge.DRIFT_POINT.detect_static(StaticSite.installed())
@@ -116,34 +115,13 @@ def test_vllm_omni_imports_with_the_stand_in_and_revert_removes_it():
 @needs_missing_name
 def test_install_is_idempotent_and_uninstall_removes_exactly_ours():
     module = importlib.import_module(bridge.DRIFT_POINT.entry.target_module)  # vllm_compat's hook (pytest plugin) ran
-    had = vars(module).get(bridge.NAME)
-    try:
-        bridge.DRIFT_POINT.uninstall(module)
-        names = set(vars(module))
-        decision = bridge.DRIFT_POINT.decide(bridge.DRIFT_POINT.detect_runtime(module), Controls())
-        assert decision.action == Action.PATCHED
-        assert bridge.DRIFT_POINT.install(module, decision, bridge.DRIFT_POINT.prepare(module, STATIC)) is True
-        assert bridge.DRIFT_POINT.install(module, decision, None) is False  # already there: a no-op
-        assert set(vars(module)) - names == {bridge.NAME} and is_ours(module.RoutedExpertsLists, bridge.DRIFT_POINT.entry.id)
-        assert bridge.DRIFT_POINT.uninstall(module) is True and set(vars(module)) == names
-        assert bridge.DRIFT_POINT.uninstall(module) is False
-    finally:
-        if had is not None:
-            setattr(module, bridge.NAME, had)
+    cases.check_install_uninstall_exact(bridge.DRIFT_POINT, STATIC, module)
 
 
 @needs_vllm_defining_it
 def test_stays_out_where_vllm_defines_it():
-    import vllm_compat
-
     module = importlib.import_module(bridge.DRIFT_POINT.entry.target_module)
-    decisions = {d.name: d for d in vllm_compat.apply()}
-    assert decisions[bridge.DRIFT_POINT.entry.id].action == Action.SKIPPED
-    own = module.RoutedExpertsLists
-    assert not is_ours(own) and own.__module__ == "vllm.v1.outputs"
-    with pytest.raises(Exception, match="never replaces a name vLLM defines"):
-        bridge.DRIFT_POINT.prepare(module, bridge.DRIFT_POINT.detect_runtime(module))
-    assert bridge.DRIFT_POINT.uninstall(module) is False and module.RoutedExpertsLists is own
+    assert cases.check_stays_out_where_vllm_defines_it(bridge.DRIFT_POINT, module).__module__ == "vllm.v1.outputs"
 
 
 @needs_missing_name
