@@ -157,14 +157,15 @@ def old_fields_kept(old, new, path="") -> list[str]:
 
 
 def compare_with_oracle(results: dict) -> list[str]:
+    """What ``results`` (``serve_tokens_cases.run_cases``) lose or change of vLLM 0.24's record (neither is
+    modified)."""
     differences = []
     for server, by_case in ORACLE.items():
         for name, old in by_case.items():
-            new = results[server][name]
+            old, new = json.loads(json.dumps(old)), json.loads(json.dumps(results[server][name]))
             old_response, new_response = old["response"], new["response"]
             where = f"{server}/{name}"
             if old_response["type"] == "GenerateResponse":  # 0.24's random id; the request's own id now
-                old_response = json.loads(json.dumps(old_response))
                 old_response["json"].pop("request_id")
                 if new_response["json"]["request_id"] != f"generate-tokens-case-{name}":
                     differences.append(f"{where}: request_id {new_response['json']['request_id']!r}")
