@@ -109,6 +109,41 @@ def test_split_module_holds_vllms_own_objects_and_revert_removes_exactly_it():
                    "gone": [True] * (len(made) + 1), "unpatched": f"No module named '{made[0]}'", "back": True}, out
 
 
+def _names_vllm_omni_imports(module: str, files: set) -> set:
+    """What the installed vllm-omni's ``files`` take from ``module`` (``from module import ...``), read with ast."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(importlib.util.find_spec("vllm_omni").origin).parents[1]
+    names = set()
+    for relpath in files:
+        path = root / relpath
+        if path.is_file():
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == module:
+                    names.update(alias.name for alias in node.names)
+    return names
+
+
+@needs_split
+@pytest.mark.parametrize("order", ["table", "reversed"])
+def test_split_module_holds_every_name_the_installed_vllm_omni_imports_from_it(monkeypatch, order):
+    """Where the rows of several vllm-omni releases match this vLLM (0.29-0.33 and 0.34: vllm-omni 0.28.0's
+    13-name openai.engine.protocol row beside 0.24.0 / 0.26.0's 14-name one), the fact holds every name the
+    installed vllm-omni imports from the old module, whichever row the table lists first (on vLLM 0.34 + vllm-omni
+    0.24.0 the first row gave 13 names: its serving_chat's PromptTokenUsageInfo import failed)."""
+    if order == "reversed":
+        rows = bridge.table()
+        monkeypatch.setattr(bridge, "table", lambda: tuple(reversed(rows)))
+    facts = [a for a in bridge.DRIFT_POINT.detect_static(StaticSite.installed()).installable if a.moved]
+    assert [a.old for a in facts] == [a.old for a in SPLIT]
+    for fact in facts:
+        files = {row_file for row in bridge.table() if row.old == fact.old for row_file in row.importers}
+        wanted = _names_vllm_omni_imports(fact.old, files)
+        assert wanted and wanted <= {name for name, _ in fact.moved}, (fact.old, wanted - {n for n, _ in fact.moved})
+
+
 @needs_split
 def test_static_decision_provides_the_split_module_and_its_packages():
     """Static side of the same fact: the import-drift report (doctor / check) counts the old path as an unresolved

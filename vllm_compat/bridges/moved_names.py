@@ -160,6 +160,31 @@ def _missing_packages(defs, module: str) -> tuple[str, ...] | None:
     return tuple(reversed(missing)) if package else None
 
 
+def _imported_names(omni_tree, files, module: str) -> set:
+    """The names the vllm-omni ``files`` of ``omni_tree`` take from ``module`` (``from module import a, b``),
+    imports under ``if TYPE_CHECKING`` left out."""
+    from ..detect.import_drift import plugin_imports
+
+    names = set()
+    for relpath in files:
+        for _line, level, imported, found, context in plugin_imports(omni_tree, relpath, "vllm_omni"):
+            if level == 0 and imported == module and context != "type_checking":
+                names.update(found)
+    return names
+
+
+def _row_holding_imported_names(rows: list, omni_tree, module: str):
+    """Of the module rows that match this vLLM (in order), the first whose names hold every name the installed
+    vllm-omni takes from ``module``; the first row where none does. The rows of several vllm-omni releases can
+    match one vLLM, each with the names its release imports: on vLLM 0.34 vllm-omni 0.28.0's openai.engine.protocol
+    row holds 13 names, 0.24.0's 14 (PromptTokenUsageInfo too, which 0.24.0's serving_chat imports); table order
+    alone gave 0.24.0 the 13. None when no row matches."""
+    if len(rows) < 2:
+        return next(iter(rows), None)
+    wanted = _imported_names(omni_tree, sorted({f for r in rows for f in r.importers}), module)
+    return next((r for r in rows if wanted <= set(r.names)), rows[0])
+
+
 def detect_facts(vllm_tree, omni_tree) -> AliasFacts:
     """The facts from files: for each old path, what the installed vLLM has and whether vllm-omni imports it."""
     if not vllm_tree.has_package("vllm"):
@@ -184,7 +209,8 @@ def detect_facts(vllm_tree, omni_tree) -> AliasFacts:
             facts.append(AliasFact(old, None, kind, State.NO_PARENT))
             continue
         # a whole-module row before a split one of the same key (vLLM's own module object where there is one)
-        row = next((r for r in sorted(rows, key=lambda r: bool(r.moved)) if _new_key(defs, r) == r.key), None)
+        matching = [r for r in sorted(rows, key=lambda r: bool(r.moved)) if _new_key(defs, r) == r.key]
+        row = _row_holding_imported_names(matching, omni_tree, module) if kind == "module" else next(iter(matching), None)
         if row is None:
             facts.append(AliasFact(old, None, kind, State.NO_MATCH))
             continue
