@@ -57,7 +57,11 @@ def test_every_served_old_path_is_the_definition_vllm_0_24_had_there():
             continue
         if fact.kind == "module":
             module = importlib.import_module(fact.old)
-            got = {name: getattr(module, name) for name in old}
+            # a split module holds the names the installed vllm-omni takes from it (vllm-omni 0.28.0: 13 of the
+            # 14 vLLM 0.24.0 had in openai.engine.protocol, no PromptTokenUsageInfo); a whole module, all of them
+            served = {name for name, _ in fact.moved} or set(old)
+            got = {name: getattr(module, name) for name in old if name in served}
+            assert got, (fact.old, sorted(served))
         else:
             parent, name = fact.old.rsplit(".", 1)
             got = {name: getattr(importlib.import_module(parent), name)}
