@@ -156,6 +156,23 @@ def old_fields_kept(old, new, path="") -> list[str]:
     return [] if old == new else [f"{path}: {old!r} != {new!r}"]
 
 
+def as_024_logprobs(value, top: int):
+    """vLLM 0.32+'s tokens-out logprobs (``{"token_id", "logprob", "rank", "top_logprobs"}``, every top entry the
+    engine gave) in vLLM 0.24's form (``{"token": "token_id:N", "logprob", "bytes": None}``, the top entries cut at
+    ``max(logprobs, 1)``), so that the values are compared; anything else as it is. vLLM 0.32 changed the format for
+    every client of the route, its own too: the adapter serves vLLM's."""
+    if isinstance(value, list):
+        return [as_024_logprobs(v, top) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "token_id" in value and "logprob" in value and "token" not in value:
+        entry = {"token": f"token_id:{value['token_id']}", "logprob": value["logprob"], "bytes": None}
+        if "top_logprobs" in value:
+            entry["top_logprobs"] = [as_024_logprobs(t, top) for t in value["top_logprobs"][:top]]
+        return entry
+    return {k: as_024_logprobs(v, top) for k, v in value.items()}
+
+
 def compare_with_oracle(results: dict) -> list[str]:
     """What ``results`` (``serve_tokens_cases.run_cases``) lose or change of vLLM 0.24's record (neither is
     modified)."""
@@ -165,10 +182,18 @@ def compare_with_oracle(results: dict) -> list[str]:
             old, new = json.loads(json.dumps(old)), json.loads(json.dumps(results[server][name]))
             old_response, new_response = old["response"], new["response"]
             where = f"{server}/{name}"
-            if old_response["type"] == "GenerateResponse":  # 0.24's random id; the request's own id now
+            # the class's name is no client's business (vLLM 0.33 renamed it GenerateTokensResponse): its JSON is
+            old_type, _ = old_response.pop("type"), new_response.pop("type", None)
+            if old_type == "GenerateResponse":  # 0.24's random id; the request's own id now
                 old_response["json"].pop("request_id")
                 if new_response["json"]["request_id"] != f"generate-tokens-case-{name}":
                     differences.append(f"{where}: request_id {new_response['json']['request_id']!r}")
+            top = max(dict(serve_tokens_cases.CASES)[name]["sampling_params"].get("logprobs") or 0, 1)
+            new_response = as_024_logprobs(new_response, top)
+            if "error" in old_response.get("json", {}):  # vLLM 0.32+ appends the valid names to the message
+                message = new_response["json"]["error"]["message"]
+                if message.startswith(old_response["json"]["error"]["message"]):
+                    new_response["json"]["error"]["message"] = old_response["json"]["error"]["message"]
             differences += [f"{where}{d}" for d in old_fields_kept(old_response, new_response)]
             for call in old["engine_calls"] + new["engine_calls"]:  # 0.24: CUMULATIVE, 0.30+: FINAL_ONLY
                 if call["output_kind"] != "DELTA":
@@ -227,10 +252,17 @@ def test_unpatched_vllm_class_fails_vllm_omnis_call_and_client():
     given the renderer it wants, vllm-omni's engine client fails at the first request where vLLM passes
     ``generate(session_id=)`` (read from the installed file)."""
     out = _run(f"""
+import inspect
 from vllm.entrypoints.scale_out.token_in_token_out.serving import ServingTokens
 from vllm.renderers.online_renderer import OnlineRenderer
+def new_call(client, models, render, **keywords):  # what vLLM's own server passes (0.33+: a derenderer too)
+    if "online_derenderer" in inspect.signature(ServingTokens.__init__).parameters:
+        from vllm.renderers.online_derenderer import OnlineDerenderer
+        keywords["online_derenderer"] = OnlineDerenderer(client.model_config, client.renderer, request_logger=None,
+                                                         chat_template=None, chat_template_content_format="auto")
+    return ServingTokens(client, models, render, **keywords)
 attempt("old_call", ServingTokens, {OLD_RENDER})
-attempt("new_renderer", ServingTokens, {ONLINE_RENDERER})
+attempt("new_renderer", new_call, {ONLINE_RENDERER})
 """)
     assert isinstance(out["old_call"], str) and re.match(r"(TypeError|AttributeError)", out["old_call"])
     source = files_of_installed(bridge.NEW_FILE)
@@ -252,17 +284,21 @@ def files_of_installed(relpath: str) -> str:
 @needs_startup_hook
 def test_adapter_serves_as_vllm_024_did():
     """vllm-omni 0.24.0's import and call, through the bridge: every case as vLLM 0.24's class served it, whether
-    the third argument is old-render-shaped or vLLM's ``OnlineRenderer``; the class is vLLM's new one underneath."""
+    the third argument is old-render-shaped or vLLM's ``OnlineRenderer``; the class is vLLM's new one underneath.
+    Where the bridge does not act (no installed vllm-omni imports the old module: vllm-omni 0.30.0 cells), the same
+    class is taken from the bridge module, so the newest vLLM is checked too."""
+    acts = POINT.decide(STATIC, Controls()).action == Action.PATCHED
     out = _run(f"""
-from vllm.entrypoints.serve.disagg.serving import ServingTokens
+{'from vllm.entrypoints.serve.disagg.serving import ServingTokens' if acts else
+ 'from vllm_compat.bridges.serve_disagg_serving import serving_tokens_class; ServingTokens = serving_tokens_class()'}
 from vllm.entrypoints.scale_out.token_in_token_out.serving import ServingTokens as New
 from vllm.renderers.online_renderer import OnlineRenderer
 out["subclass"] = issubclass(ServingTokens, New) and ServingTokens is not New
-out["mark"] = getattr(sys.modules["vllm.entrypoints.serve.disagg.serving"], "_vllm_compat_installed", None)
+out["mark"] = getattr(sys.modules.get("vllm.entrypoints.serve.disagg.serving"), "_vllm_compat_installed", None)
 attempt("old_render", ServingTokens, {OLD_RENDER})
 attempt("online_renderer", ServingTokens, {ONLINE_RENDERER})
 """, prelude="import vllm.entrypoints.serve")
-    assert out["subclass"] and out["mark"] == POINT.id
+    assert out["subclass"] and out["mark"] == (POINT.id if acts else None)
     for third in ("old_render", "online_renderer"):
         assert isinstance(out[third], dict), out[third]
         assert compare_with_oracle(out[third]) == [], third
@@ -285,3 +321,53 @@ attempt("native", ServingTokens, None)
             if old["response"]["type"] == "GenerateResponse":
                 new["response"]["json"]["request_id"] = old["response"]["json"]["request_id"]
             assert new == old, f"{server}/{name}"
+
+
+# Where vLLM 0.24.0 + vllm-omni 0.24.0 (native) stop `vllm serve <tiny Llama> --omni` on a CPU-only machine: resolving
+# the stage configs (vllm-omni has no CPU platform), inside AsyncOmni's construction, so before build_app and
+# omni_init_app_state (measured 2026-12-03 in serve/v0.24-omni0.24; vLLM 0.25.1 + vllm-omni 0.24.0 with vllm_compat
+# stopped on the same frame after the same milestones). The diffusion server stops there too (tests/serve/native).
+NATIVE_CPU_STOP = "vllm_omni/platforms/interface.py:get_default_stage_config_path NotImplementedError"
+
+
+def _serving_chain_imports_here() -> bool:
+    import importlib.util
+
+    from tests.bridges.serve_stand_in_cases import serve_stops_elsewhere
+
+    deps = all(importlib.util.find_spec(m) is not None for m in ("torchvision", "torchaudio"))
+    return deps and (HOST == HostKind.DEFINES or not serve_stops_elsewhere())
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+@needs_omni_024_files
+@pytest.mark.skipif(_has_gpu(), reason="on a GPU an LLM stage goes further: the GPU runs are gpu/'s")
+@pytest.mark.skipif(not _serving_chain_imports_here(), reason="vllm-omni's serving chain does not import in this env "
+                    "(torchvision / torchaudio missing in a CPU-torch cell, or a name no bridge provides)")
+def test_llm_stage_server_stops_where_the_native_pair_stops(tmp_path):
+    """A real ``vllm serve <tiny Llama> --omni`` (an LLM stage: the servers that build ``ServingTokens``) on this
+    CPU-only machine goes as far as the native pair's and stops on the same frame, never at this module."""
+    import subprocess
+
+    from tests.serve.test_serve import SERVER_TIMEOUT, free_port, outcome, start_server, stop
+
+    model = serve_tokens_cases.write_model(tmp_path / "tiny-llama")
+    log = tmp_path / "serve.log"
+    process = start_server(model, free_port(), log)
+    try:
+        process.wait(SERVER_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the server neither served nor stopped in {SERVER_TIMEOUT} s: {log.read_text()[-3000:]}")
+    finally:
+        stop(process)
+    text = log.read_text()
+    assert outcome(text, served=False)["stop"] == NATIVE_CPU_STOP, text[-3000:]
+    assert "[AsyncOmniEngine] Initializing" in text and "disagg" not in text

@@ -31,7 +31,10 @@ passed ``id=request_id`` to a ``GenerateResponse`` whose field is ``request_id``
 response carried a fresh random ``request_id``, and its ``model`` / ``created`` / ``usage`` were dropped as well);
 vLLM's new class returns the request's own id and those fields. Every field 0.24 returned keeps its name and value
 (``tests/bridges/test_serve_disagg_serving.py`` compares with vLLM 0.24's class). A session header is ignored, as
-on 0.24.
+on 0.24. Not restored: what vLLM itself changed in the route's output for every client, its own too: from 0.32 the
+logprobs are ``{"token_id", "logprob", "rank", "top_logprobs"}`` (0.24: ``{"token": "token_id:N", "logprob",
+"bytes"}``, a stream's top entries cut at ``max(logprobs, 1)``), an unknown model's error message names the valid
+ones, and the response class is ``GenerateTokensResponse`` (the same JSON); read from the wheels, measured on 0.33 / 0.34.
 """
 
 from __future__ import annotations
