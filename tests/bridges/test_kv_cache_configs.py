@@ -246,6 +246,11 @@ def test_vllm_omnis_build_native_kv_cache_configs_gets_the_same_plan(utils, reco
     assert not hasattr(config.model_config, stand_in.GROUPING_FLAG)
     workers, scheduler = build_native_kv_cache_configs(config, specs, memory)
     expected = record["results"]["two_ranks_min_blocks"]["configs"]
+    fields = set(type(workers[0]).__dataclass_fields__)
+    if "kv_cache_layout" not in fields:  # vLLM 0.28: KVCacheConfig without a layout, one tensor per layer
+        pytest.skip(f"the record is vLLM {record['vllm']}'s plan (KVCacheConfig with kv_cache_layout, strided shared "
+                    f"tensors); this vLLM plans otherwise (KVCacheConfig fields {sorted(fields)}) with its own "
+                    "function, which vllm_compat leaves alone: no record of that plan")
     for worker, recorded in zip(workers, expected, strict=True):
         found = canonical(worker)
         # vllm-omni 0.30.0 sets it on every config afterwards; 0.28.0 leaves vLLM's (None, as recorded)
