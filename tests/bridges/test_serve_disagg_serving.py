@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_startup_hook, needs_vllm, run_python
+from conftest import VLLM_VERSION, needs_startup_hook, needs_vllm, run_python
 from tests.bridges import serve_tokens_cases
 from tests.bridges.serve_stand_in_cases import cases
 from vllm_compat.bridges import HostKind, installed_omni_tree
@@ -42,6 +42,7 @@ HOST = STATIC.host
 OMNI_TREE = installed_omni_tree()
 API_SERVER = "vllm_omni/entrypoints/openai/api_server.py"
 ORACLE = json.loads(serve_tokens_cases.ORACLE.read_text())
+RECORD_VLLM = serve_tokens_cases.ORACLE.stem.rsplit("vllm-", 1)[1]  # the vLLM whose own class wrote the record
 needs_omni_024_files = pytest.mark.skipif(
     not STATIC.importers,
     reason="needs an installed vllm-omni whose server imports vllm.entrypoints.serve.disagg.serving (0.24.0)")
@@ -305,7 +306,9 @@ attempt("online_renderer", ServingTokens, {ONLINE_RENDERER})
 
 
 @needs_vllm
-@pytest.mark.skipif(HOST != HostKind.DEFINES, reason=f"needs vLLM 0.24 (it has {POINT.old_module}); here {HOST}")
+@pytest.mark.skipif(HOST != HostKind.DEFINES or VLLM_VERSION != RECORD_VLLM, reason=f"the record is vLLM "
+                    f"{RECORD_VLLM}'s own class (older vLLM defines {POINT.old_module} with another engine-client "
+                    f"contract: 0.18 reads io_processor); here vLLM {VLLM_VERSION}, {HOST}")
 def test_native_class_reproduces_the_record():
     """In the native pair's env, vLLM 0.24's own class reproduces the checked-in record (ids aside): the record is
     what that class returns, and the cases are deterministic."""
