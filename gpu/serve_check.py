@@ -6,10 +6,14 @@ Two subcommands, run by the device calls in gpu/results.md ("Served Qwen-Image")
                       seed: vllm-omni's QwenImagePipeline loads every component of it (scheduler config, a
                       Qwen2.5-VL text encoder, a byte-level Qwen2 tokenizer, the Qwen-Image VAE, and the
                       QwenImageTransformer2DModel weights through vllm-omni's own loader). Random weights, safetensors.
+  write-llm DIR       write a tiny Qwen2 causal LM (the same byte-level tokenizer, a chat template), offline, from a
+                      fixed seed: a model whose `vllm serve --omni` takes vllm-omni's LLM-stage branch, which builds
+                      vLLM's chat / completion servings (and, on vLLM 0.24, OpenAIServingRender).
   serve NAME DIR OUT  start `vllm serve DIR --omni` (vLLM's own CLI entry point, which hands `--omni` to vllm-omni)
                       in a new process group, wait for /health (or for the process to end), ask /v1/models, then
                       one OpenAI-client `images.generate` (fixed seed, twice: the second must equal the first), then
-                      SIGINT and the time the server takes to stop. Writes OUT/NAME.json, OUT/NAME.log (the server's
+                      SIGINT and the time the server takes to stop (`--chat`: a greedy chat completion instead of the
+                      image, twice). Writes OUT/NAME.json, OUT/NAME.log (the server's
                       stdout+stderr) and OUT/NAME.png.
 
 The interpreter, PYTHONPATH and whether vllm_compat is installed are the caller's (gpu/device_env_serve.sh): this
@@ -88,10 +92,60 @@ def _randomize(module, generator) -> None:
                 p.copy_(0.02 * torch.randn(p.shape, generator=generator))
 
 
+def _write_tokenizer(directory: Path, chat_template: str | None = None):
+    """Byte-level BPE with no merges (one token per byte) plus Qwen's chat specials; returns it as loaded back."""
+    from transformers import Qwen2Tokenizer
+
+    vocab = {ch: i for i, ch in enumerate(_bytes_to_unicode().values())}
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    for i, sp in enumerate(specials):
+        vocab[sp] = 256 + i
+    tok = Qwen2Tokenizer(vocab=vocab, merges=[], unk_token=None, bos_token=None, eos_token="<|endoftext|>",
+                         pad_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": specials[1:]})
+    tok.model_max_length = 32768
+    if chat_template:
+        tok.chat_template = chat_template
+    tok.save_pretrained(directory)
+    tok = Qwen2Tokenizer.from_pretrained(directory)  # what the server loads
+    assert tok("<|im_start|>ab")["input_ids"] == [257, vocab["a"], vocab["b"]], tok("<|im_start|>ab")
+    return tok
+
+
+def _file_digests(root: Path) -> tuple[dict, str]:
+    files = {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(root.rglob("*")) if p.is_file()}
+    return files, hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def write_llm(root: Path, seed: int = 0) -> dict:
+    """A tiny Qwen2 causal LM (2 layers, hidden 64, vocab 320), random weights from ``seed``, bf16 safetensors."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    root.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    tok = _write_tokenizer(root, CHAT_TEMPLATE)
+    cfg = Qwen2Config(vocab_size=320, hidden_size=TEXT_HIDDEN, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                      bos_token_id=None, eos_token_id=256, pad_token_id=256, tie_word_embeddings=False,
+                      torch_dtype="bfloat16")
+    model = Qwen2ForCausalLM(cfg)
+    _randomize(model, g)
+    model.to(torch.bfloat16).save_pretrained(root, safe_serialization=True)
+    files, digest = _file_digests(root)
+    return {"dir": str(root), "seed": seed, "files": files, "digest": digest, "tokenizer_len": len(tok),
+            "params": sum(p.numel() for p in model.parameters())}
+
+
 def write_model(root: Path, seed: int = 0) -> dict:
     import torch
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     root.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
@@ -105,17 +159,7 @@ def write_model(root: Path, seed: int = 0) -> dict:
     ).save_pretrained(root / "scheduler")
 
     # Tokenizer: byte-level BPE with no merges (one token per byte) plus Qwen's chat specials.
-    vocab = {ch: i for i, ch in enumerate(_bytes_to_unicode().values())}
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    for i, sp in enumerate(specials):
-        vocab[sp] = 256 + i
-    tok = Qwen2Tokenizer(vocab=vocab, merges=[], unk_token=None, bos_token=None, eos_token="<|endoftext|>",
-                         pad_token="<|endoftext|>")
-    tok.add_special_tokens({"additional_special_tokens": specials[1:]})
-    tok.model_max_length = 32768
-    tok.save_pretrained(root / "tokenizer")
-    tok = Qwen2Tokenizer.from_pretrained(root / "tokenizer")  # what the pipeline loads
-    assert tok("<|im_start|>ab")["input_ids"] == [257, vocab["a"], vocab["b"]], tok("<|im_start|>ab")
+    tok = _write_tokenizer(root / "tokenizer")
     vocab_size = len(tok)
 
     # Text encoder: Qwen2.5-VL, one text layer (its vision tower is dropped by the pipeline, but built on load).
@@ -158,9 +202,7 @@ def write_model(root: Path, seed: int = 0) -> dict:
         "transformer": ["diffusers", "QwenImageTransformer2DModel"],
         "vae": ["diffusers", "AutoencoderKLQwenImage"],
     }, indent=2))
-    files = {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in sorted(root.rglob("*")) if p.is_file()}
-    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    files, digest = _file_digests(root)
     return {"dir": str(root), "seed": seed, "files": files, "digest": digest, "tokenizer_len": vocab_size,
             "params": {"text_encoder": sum(p.numel() for p in te.parameters()),
                        "vae": sum(p.numel() for p in vae.parameters()),
@@ -190,7 +232,8 @@ def _image_record(b64: str) -> dict:
             "shape": list(arr.shape), "mean": float(arr.mean()), "std": float(arr.std()), "png_bytes": len(png)}, png
 
 
-def serve(name: str, model: Path, out: Path, *, port: int, extra: list[str], startup_timeout: float) -> dict:
+def serve(name: str, model: Path, out: Path, *, port: int, extra: list[str], startup_timeout: float,
+          chat: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / f"{name}.log"
     cmd = [sys.executable, "-c",
@@ -231,8 +274,10 @@ def serve(name: str, model: Path, out: Path, *, port: int, extra: list[str], sta
             from openai import OpenAI
 
             client = OpenAI(base_url=base + "/v1", api_key="unused", timeout=120, max_retries=0)
+            if chat:
+                _chat_requests(client, model_id, rec)
             images = []
-            for attempt in range(2):
+            for attempt in range(0 if chat else 2):
                 t1 = time.monotonic()
                 try:
                     resp = client.images.generate(
@@ -247,7 +292,8 @@ def serve(name: str, model: Path, out: Path, *, port: int, extra: list[str], sta
                 images.append(r)
                 if attempt == 0:
                     (out / f"{name}.png").write_bytes(png)
-            rec["images"] = images
+            if not chat:
+                rec["images"] = images
             if len(images) == 2:
                 rec["repeat_equal"] = images[0]["pixels_sha256"] == images[1]["pixels_sha256"]
             # SIGINT to the server (the CLI's main process), as Ctrl-C would; time until the whole group is gone.
@@ -277,6 +323,24 @@ def serve(name: str, model: Path, out: Path, *, port: int, extra: list[str], sta
     return rec
 
 
+def _chat_requests(client, model_id: str, rec: dict) -> None:
+    """Two greedy chat completions of the same prompt (the second must equal the first), into ``rec["chats"]``."""
+    chats = []
+    for attempt in range(2):
+        t1 = time.monotonic()
+        try:
+            resp = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": PROMPT}],
+                                                  max_tokens=8, temperature=0.0, seed=SEED)
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on to the stop
+            rec[f"request{attempt}_error"] = f"{type(e).__name__}: {e}"[:2000]
+            break
+        chats.append({"text": resp.choices[0].message.content, "finish_reason": resp.choices[0].finish_reason,
+                      "request_s": round(time.monotonic() - t1, 2)})
+    rec["chats"] = chats
+    if len(chats) == 2:
+        rec["repeat_equal"] = chats[0]["text"] == chats[1]["text"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -284,12 +348,16 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("dir", type=Path)
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--json", type=Path)
+    wl = sub.add_parser("write-llm")
+    wl.add_argument("dir", type=Path)
+    wl.add_argument("--seed", type=int, default=0)
     s = sub.add_parser("serve")
     s.add_argument("name")
     s.add_argument("dir", type=Path)
     s.add_argument("out", type=Path)
     s.add_argument("--port", type=int, default=8091)
     s.add_argument("--startup-timeout", type=float, default=240.0)
+    s.add_argument("--chat", action="store_true", help="a chat completion instead of an image (a write-llm model)")
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []  # more `vllm serve` arguments, after --
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -301,8 +369,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps(rec, indent=2))
         return 0
-    rec = serve(args.name, args.dir, args.out, port=args.port, extra=extra, startup_timeout=args.startup_timeout)
-    return 0 if rec.get("images") else 1
+    if args.what == "write-llm":
+        print(json.dumps(write_llm(args.dir, args.seed), indent=1))
+        return 0
+    rec = serve(args.name, args.dir, args.out, port=args.port, extra=extra, startup_timeout=args.startup_timeout,
+                chat=args.chat)
+    return 0 if rec.get("images") or rec.get("chats") else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@
 #   bash gpu/serve_run.sh native          (b) native 0.24.0, (b') native 0.24.0 --quantization fp8
 #   bash gpu/serve_run.sh compat          vllm_compat installed: (c) 0.25.1, (d) 0.25.1 fp8, (d'') 0.25.1 fp8 without the
 #                                         loader patch (VLLM_COMPAT_DISABLE_PATCHES); SERVE_COMPAT024=1: (d') 0.24.0 fp8
+#   bash gpu/serve_run.sh llm             a tiny Qwen2 LM (vllm-omni's LLM-stage branch), one greedy chat request:
+#                                         native 0.24.0, then vllm_compat on 0.25.1 (where serve_render_serving's
+#                                         stand-in stops the LLM-stage server at startup: what check calls left out)
 #   bash gpu/serve_run.sh diag            DIAGNOSTIC: vllm_compat + gpu/serve_diag_reuse_port.py, 0.25.1 and 0.25.1 fp8
 #                                         (DIAG_ONLY_NOLOADER=1: 0.25.1 fp8 with the loader patch left out, only)
 # Each phase writes $OUT/serve_<run>.json after each run, $OUT/serve_<phase>_logs.tar.gz (server logs, PNGs,
@@ -33,11 +36,16 @@ for d in vllm_compat.current_decisions():
 " > "$W/decisions_$1.txt" 2>&1)
     grep -v -E "WARNING|INFO" "$W/decisions_$1.txt" | tail -40
 }
-run() {  # name vllm-tag port [serve args...]
+run() {  # name vllm-tag port [serve args...]; SERVE_CHAT=1: the tiny LM and a chat request
     local name=$1 tag=$2 port=$3; shift 3
     serve_env "$tag"
     echo "=== $name (vLLM $tag) $(date -u +%T)"
-    python3 gpu/serve_check.py serve "$name" "$MODEL" "$W" --port "$port" --startup-timeout 180 -- --enforce-eager "$@"
+    if [ -n "${SERVE_CHAT:-}" ]; then
+        python3 gpu/serve_check.py serve "$name" "$LLM" "$W" --port "$port" --startup-timeout 180 --chat -- \
+            --enforce-eager --max-model-len 512 --gpu-memory-utilization 0.2 "$@"
+    else
+        python3 gpu/serve_check.py serve "$name" "$MODEL" "$W" --port "$port" --startup-timeout 180 -- --enforce-eager "$@"
+    fi
     # What is done so far comes back even if a later run outlasts the call.
     cp "$W/$name.json" "$OUT/serve_$name.json"
     tar -C $VCS/out -czf "$OUT/serve_${phase}_logs.tar.gz" "$phase"
@@ -58,6 +66,14 @@ elif [ "$phase" = compat ]; then
     # The seed's failure class through the server: the serving bridges on, the loader patch left out.
     VLLM_COMPAT_DISABLE_PATCHES=diffusers_loader_meta_device run compat0251_fp8_noloader 0251 8109 --quantization fp8
     [ -n "${SERVE_COMPAT024:-}" ] && run compat024_fp8 024 8106 --quantization fp8
+    compat_uninstall
+elif [ "$phase" = llm ]; then
+    LLM=$VCS/tiny-qwen2-lm
+    [ -f "$LLM/config.json" ] || python3 gpu/serve_check.py write-llm "$LLM" > "$OUT/llm_model.json" || exit 1
+    compat_uninstall 2>/dev/null
+    SERVE_CHAT=1 run llm_native024 024 8111
+    compat_install || { echo "compat_install failed"; exit 1; }
+    SERVE_CHAT=1 run llm_compat0251 0251 8112
     compat_uninstall
 elif [ "$phase" = diag ]; then  # DIAGNOSTIC (gpu/serve_diag_reuse_port.py): past the setup_server stop, what next?
     compat_install || { echo "compat_install failed"; exit 1; }
