@@ -129,7 +129,7 @@ def test_newest_vllm_against_a_given_vllm_omni(capsys, wheel_cache):
 
 def test_screen_and_json_for_vllm_031_with_vllm_omni_024(capsys, wheel_cache, monkeypatch):
     _fetch("vllm", "0.31.0")
-    _fetch("vllm-omni", "0.24.0")
+    omni_wheel = _fetch("vllm-omni", "0.24.0")
     # RoutedExpertsLists stops `import vllm_omni` and vllm.inputs.preprocess the diffusion worker unless a bridge
     # provides them; with the input_preprocessor bridge off, the worker does not start.
     monkeypatch.setenv("VLLM_COMPAT_DISABLE_PATCHES", "input_preprocessor")
@@ -154,6 +154,15 @@ def test_screen_and_json_for_vllm_031_with_vllm_omni_024(capsys, wheel_cache, mo
     assert "vllm.entrypoints.launcher" in serve["missing"] + serve["bridged"]
     assert serve["status"] == ("will_not_start" if serve["missing"] else "works_with_vllm_compat")
     stopped = [k for k, v in entrypoints.items() if v["status"] == "will_not_start"]
+    # vllm-omni 0.24.0's LLM-stage branch constructs OpenAIServingRender (read from its wheel), which vLLM 0.25+
+    # removed and a stand-in provides for the import only: a started server line and the verdict say what that
+    # leaves out, the other entrypoints (which never reach it) do not.
+    with zipfile.ZipFile(omni_wheel) as wheel:
+        assert "OpenAIServingRender(" in wheel.read("vllm_omni/entrypoints/openai/api_server.py").decode()
+    assert list(serve["left_out"]) == (["serve_render_serving"] if serve["status"] != "will_not_start" else [])
+    assert not entrypoints["offline"]["left_out"] and not entrypoints["diffusion_stage"]["left_out"]
+    assert _decision(data, "serve_render_serving")["leaves_out"] in data["verdict"]["text"]
+    assert data["verdict"]["text"].count("Left out: ") == 1
     assert data["verdict"]["kind"] == ("will_not_start" if stopped else "works_with_vllm_compat")
     assert code == (1 if stopped else 0) and ("WILL NOT START" in screen) == bool(stopped)
     assert data["import_drift"]["bridged"]["vllm.inputs.preprocess"] == "input_preprocessor"

@@ -30,6 +30,9 @@ class Decision:
     # The ``module.name`` paths this decision makes importable, where they depend on the installed vLLM (an alias
     # entry's); empty for every other entry, whose catalogue row names its one target (``catalogue.Entry.provides``).
     provides: tuple[str, ...] = ()
+    # What still fails where a patched bridge provides a name for the import only (a raising stand-in): the feature,
+    # in words users know, for the entrypoint lines and the verdict; empty where nothing is left out.
+    leaves_out: str = ""
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -37,6 +40,8 @@ class Decision:
             del data["provides"]  # the shape every report had before alias entries
         else:
             data["provides"] = list(self.provides)
+        if not self.leaves_out:
+            del data["leaves_out"]
         return data
 
 

@@ -50,13 +50,14 @@ class Report:
             return None
         if self.judge_packages and not self._packages_judged:
             self._import_drift, self._packages_judged = self._import_drift.judged_installed(), True
-        from .bridges import provided_by_decisions
+        from .bridges import left_out_by_decisions, provided_by_decisions
 
         if self.startup_hook is None:
             from ._startup import is_installed
 
             self.startup_hook = is_installed()
-        return self._import_drift.with_bridges(provided_by_decisions(self.patches), self.startup_hook)
+        return self._import_drift.with_bridges(provided_by_decisions(self.patches), self.startup_hook,
+                                               left_out_by_decisions(self.patches))
 
     @property
     def plugin_will_not_import(self) -> bool:
@@ -157,7 +158,8 @@ class Report:
         the offline API, ``vllm serve --omni``, the diffusion stage), each named with its missing names and the
         ones that start beside it; then a failed runtime check, a static / runtime disagreement, a refused target;
         otherwise it works (every entrypoint starts), with vllm_compat when something is patched or bridged,
-        natively when nothing needs to be."""
+        natively when nothing needs to be. Where an entrypoint starts through a bridge that leaves a feature out
+        (a raising stand-in), the verdict names that feature: it is never more optimistic than the env."""
         drift = self.import_drift
         if drift is not None and not drift.import_ok:
             return Verdict("will_not_start", 1, (
@@ -172,7 +174,8 @@ class Report:
                 helped = any(st.status == "works_with_vllm_compat" for st in started) or patched
                 text += (f" {_sentence(_join(st.label for st in started))} "
                          + ("start" if len(started) > 1 else "starts") + (" with vllm_compat" if helped else "")
-                         + (f" (it handles {', '.join(patched)})" if patched else "") + ".")
+                         + (f" (it handles {', '.join(patched)})" if patched else "") + "."
+                         + _left_out(started))
             return Verdict("will_not_start", 1, text)
         if self.runtime_error:
             return Verdict("failed", 1, "FAIL: the runtime check could not complete (see above).")
@@ -191,7 +194,8 @@ class Report:
         details = ([f"{_join(st.label for st in started)} " + ("start" if len(started) > 1 else "starts")]
                    if started else []) + ([f"it handles {', '.join(patched)}"] if patched else [])
         if patched or bridged:
-            return Verdict("works_with_vllm_compat", 0, f"WORKS WITH vllm_compat: {'; '.join(details)}.")
+            return Verdict("works_with_vllm_compat", 0,
+                           f"WORKS WITH vllm_compat: {'; '.join(details)}.{_left_out(started)}")
         if started:
             return Verdict("works_natively", 0, f"WORKS NATIVELY: {details[0]}; nothing needs patching.")
         return Verdict("works_natively", 0, "WORKS NATIVELY: nothing needs patching (or nothing is installed yet).")
@@ -203,6 +207,23 @@ def _why_stopped(status) -> str:
     if status.missing_in_vllm:
         parts.append(f"{', '.join(status.missing_in_vllm)} missing, no bridge in vllm_compat")
     return "; ".join(parts)
+
+
+def _left_out(started) -> str:
+    """" Left out: <feature> (<entries>); ...." for what the bridges of the started entrypoints leave out, else
+    ""."""
+    found = _by_text(item for st in started for item in st.left_out)
+    return f" Left out: {'; '.join(f'{text} ({entries})' for text, entries in found.items())}." if found else ""
+
+
+def _by_text(left_out) -> dict[str, str]:
+    """{feature: "entry, entry"} from (entry id, feature) pairs, in first-seen order: bridges of one removal say
+    the same thing once."""
+    found: dict[str, list[str]] = {}
+    for entry, text in left_out:
+        if entry not in found.setdefault(text, []):
+            found[text].append(entry)
+    return {text: ", ".join(entries) for text, entries in found.items()}
 
 
 def _join(labels) -> str:
@@ -266,6 +287,8 @@ def render_entrypoints(drift, indent: str = "    ") -> list[str]:
     for st in drift.statuses:
         line = f"{indent}{st.label:<{width}}  {ENTRYPOINT_STATUS_TEXT[st.status]}"
         lines.append(line + (f" (bridged: {', '.join(st.bridged)})" if st.bridged and st.starts else ""))
+        if st.starts:
+            lines += [f"{indent}  left out: {text} ({entries})" for text, entries in _by_text(st.left_out).items()]
         first = {}
         for u in drift.still_stopping(st.id):
             first.setdefault(u.target, u)

@@ -31,7 +31,10 @@ DECISION_IDS = ["lacks+imported", "lacks+unused", "defines", "no-module", "no-vl
 def check_decision(point, facts, action):
     if point.needs_replacement and facts.host == HostKind.LACKS:  # built on vLLM files of the measured shape
         facts = ModuleStandInFacts(facts.host, facts.importers, "known")
-    assert point.decide(facts, Controls()).action == action
+    decision = point.decide(facts, Controls())
+    assert decision.action == action
+    # A stand-in whose classes raise says, once it acts, what that leaves out (the report's "left out" lines).
+    assert bool(decision.leaves_out) == (action == Action.PATCHED and bool(point.raises))
     assert decide_entry(point.entry, facts, Controls(disabled_patches=frozenset({point.id}))).action == Action.DISABLED
     if point.needs_replacement and facts.host == HostKind.LACKS and facts.importers:
         unknown = ModuleStandInFacts(HostKind.LACKS, IMPORTER, "unknown", "what was found")

@@ -91,7 +91,8 @@ def test_verdict_names_what_will_not_start_and_what_starts(drift):
     assert "offline API" in start and "serve" not in start  # what starts is named after what does not
     data = report.to_dict()["import_drift"]["entrypoints"]
     assert data["serve"] == {"label": "`vllm serve --omni`", "status": "will_not_start", "missing": [LAUNCHER],
-                             "bridged": [], "roots": list(ENTRYPOINTS["vllm_omni"][1].roots), "not_installed": []}
+                             "bridged": [], "roots": list(ENTRYPOINTS["vllm_omni"][1].roots), "not_installed": [],
+                             "left_out": {}}
     assert data["offline"]["status"] == "works"
     table = report.render_table()
     assert "`vllm serve --omni`" in table and "WILL NOT START" in table
@@ -108,6 +109,32 @@ def test_a_bridge_counts_only_when_it_is_in_place_before_the_entrypoint(drift, m
     verdict = _report(drift, provided, monkeypatch=monkeypatch).verdict()
     assert verdict.kind == "works_with_vllm_compat" and verdict.exit_code == 0
     assert "`vllm serve --omni`" in verdict.text and "offline API" in verdict.text
+
+
+def test_what_a_bridge_leaves_out_is_named_under_the_entrypoints_it_bridges_and_in_the_verdict(drift, monkeypatch):
+    from vllm_compat.decide import Decision
+
+    provided = {LAUNCHER: "launcher", GONE: "gone"}
+    feature = "an LLM-stage server stops at startup"
+    bridged = drift.with_bridges(provided, early=True, left_out={"launcher": feature, "unused": "not bridged here"})
+    assert bridged.left_out == (("launcher", feature),)  # only bridges that provide a name of this drift
+    assert {s.id: s.left_out for s in bridged.statuses} == {
+        "offline": (), "serve": (("launcher", feature),), "diffusion_stage": ()}
+    report = _report(drift, provided, monkeypatch=monkeypatch)
+    report.patches = [Decision("launcher", LAUNCHER, "patched", None, "provided", leaves_out=feature),
+                      Decision("gone", GONE, "patched", None, "provided")]
+    verdict = report.verdict()
+    assert verdict.kind == "works_with_vllm_compat" and verdict.exit_code == 0  # it starts; the feature is named
+    assert verdict.text.endswith(f"Left out: {feature} (launcher).")
+    assert report.to_dict()["import_drift"]["entrypoints"]["serve"]["left_out"] == {"launcher": feature}
+    assert report.to_dict()["patches"][0]["leaves_out"] == feature and "leaves_out" not in report.to_dict()["patches"][1]
+    table = report.render_table().splitlines()
+    serve_line = next(i for i, line in enumerate(table) if "`vllm serve --omni`" in line and "starts" in line)
+    assert table[serve_line + 1].strip() == f"left out: {feature} (launcher)"
+    assert sum("left out:" in line for line in table) == 1
+    # Two bridges of one removal that leave out the same feature are named once, together.
+    report.patches[1] = Decision("gone", GONE, "patched", None, "provided", leaves_out=feature)
+    assert report.verdict().text.endswith(f"Left out: {feature} (launcher, gone).")
 
 
 def test_works_only_when_every_entrypoint_starts(drift, monkeypatch):

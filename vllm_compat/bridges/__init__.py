@@ -127,6 +127,12 @@ def provided_by_decisions(decisions) -> dict[str, str]:
     return provided
 
 
+def left_out_by_decisions(decisions) -> dict[str, str]:
+    """{entry id: what it leaves out} for every bridge decided "patched" whose stand-in provides a name for the
+    import only (``Decision.leaves_out``)."""
+    return {d.name: d.leaves_out for d in decisions if d.action == "patched" and d.leaves_out}
+
+
 def decide_stand_in(patch_entry, facts: StandInFacts, provided: str, removed_in: str):
     """The decision table every stand-in shares: pending while vLLM's files cannot tell, skipped where vLLM has
     ``provided`` (a name or a module), where even its module is gone, or where no installed vllm-omni imports it;

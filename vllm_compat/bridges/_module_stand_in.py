@@ -142,6 +142,7 @@ class ModuleStandIn(NameStandIn):
     ``NameStandIn`` whose name is a submodule, also registered in ``sys.modules``)."""
 
     raises: dict[str, str] = {}  # name -> why vllm-omni cannot use it here, and what to do (RemovedByVLLMError's end)
+    leaves_out: str = ""  # the feature those ``raises`` classes stop, for the report (``Decision.leaves_out``)
     built_on: tuple[str, str, str] = ()  # (vLLM file, def, its parameters): what the members call (vllm_function)
 
     def __init__(self) -> None:
@@ -277,7 +278,7 @@ class ModuleStandIn(NameStandIn):
         if self.needs_replacement and facts.replacement == Shape.UNKNOWN:
             return self.refused(f"vLLM lacks {self.old_module} and vllm-omni imports it, but what the stand-in is "
                                 f"built on is not the measured shape ({facts.detail})")
-        return dataclasses.replace(decision, provides=(self.old_module,))
+        return dataclasses.replace(decision, provides=(self.old_module,), leaves_out=self.leaves_out)
 
     def compare(self, static: StandInFacts, runtime: StandInFacts) -> list[str]:
         differences = compare_stand_in(static.stand_in, runtime.stand_in, self.old_module)

@@ -32,6 +32,8 @@ class ServeRenderServingStandIn(ModuleStandIn):
     removed_in = "0.25"
     old_module = OLD_MODULE
     raises = {"OpenAIServingRender": MESSAGE}
+    leaves_out = ("a server whose model has an LLM stage (vllm-omni's multi-stage pipelines, e.g. Qwen2.5-Omni) stops at "
+                  "startup; pure-diffusion models serve")
 
 
 DRIFT_POINT = ServeRenderServingStandIn()

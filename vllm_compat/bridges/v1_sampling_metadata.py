@@ -27,6 +27,7 @@ Retire when: the oldest supported vllm-omni no longer imports ``vllm.v1.sample.m
 from __future__ import annotations
 
 from ._module_stand_in import ModuleStandIn
+from .v1_sampler import LLM_STAGES_LEFT_OUT
 
 # The vllm-omni files that import it (0.24.0-0.30.0): read, never imported.
 IMPORTERS = tuple(f"vllm_omni/{path}.py" for path in (
@@ -46,6 +47,7 @@ class SamplingMetadataModule(ModuleStandIn):
     importers = IMPORTERS
     removed_in = "0.34"
     raises = {"SamplingMetadata": "vLLM 0.33's v1 model runner builds it. Run this vllm-omni model on vLLM <= 0.33."}
+    leaves_out = LLM_STAGES_LEFT_OUT
 
 
 DRIFT_POINT = SamplingMetadataModule()

@@ -81,6 +81,9 @@ class EntrypointStatus:
     missing: tuple[str, ...] = ()  # still stops it
     bridged: tuple[str, ...] = ()  # missing in vLLM, provided by a vllm_compat bridge before it is imported
     not_installed: tuple[str, ...] = ()  # the packages among ``missing``: other distributions absent here
+    # (entry id, what it leaves out) for the bridges among ``bridged`` that provide a name for the import only: the
+    # entrypoint starts, and that feature of it fails loudly when used
+    left_out: tuple[tuple[str, str], ...] = ()
 
     @property
     def missing_in_vllm(self) -> tuple[str, ...]:
@@ -92,7 +95,8 @@ class EntrypointStatus:
 
     def to_dict(self) -> dict:
         return {"label": self.label, "status": self.status, "roots": list(self.roots), "missing": list(self.missing),
-                "bridged": list(self.bridged), "not_installed": list(self.not_installed)}
+                "bridged": list(self.bridged), "not_installed": list(self.not_installed),
+                "left_out": dict(self.left_out)}
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,8 @@ class ImportDrift:
     # (target, catalogue entry id) for the unresolved targets a vllm_compat bridge provides (``with_bridges``)
     bridged: tuple[tuple[str, str], ...] = ()
     early: bool = False  # whether the bridges are in place before ``import <plugin>`` (the startup hook)
+    # (catalogue entry id, what it leaves out) for the bridges among ``bridged`` that leave a feature out
+    left_out: tuple[tuple[str, str], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -159,7 +165,9 @@ class ImportDrift:
             status = ("absent" if not e.roots else "will_not_start" if missing
                       else "works_with_vllm_compat" if bridged else "works")
             not_installed = tuple(sorted({u.module for u in e.blocking if u.reason == PACKAGE_NOT_INSTALLED}))
-            found.append(EntrypointStatus(e.id, e.label, status, e.roots, missing, bridged, not_installed))
+            by = {self.bridged_by(n) for n in bridged}
+            left_out = tuple((entry, text) for entry, text in self.left_out if entry in by)
+            found.append(EntrypointStatus(e.id, e.label, status, e.roots, missing, bridged, not_installed, left_out))
         return tuple(found)
 
     @property
@@ -221,11 +229,15 @@ class ImportDrift:
             dataclasses.replace(e, blocking=e.blocking + tuple(p for p in e.packages if not is_installed(p.module)))
             for e in self.entrypoints))
 
-    def with_bridges(self, provided: dict[str, str], early: bool) -> ImportDrift:
+    def with_bridges(self, provided: dict[str, str], early: bool, left_out: dict[str, str] | None = None
+                     ) -> ImportDrift:
         """This drift with ``provided`` ({target: entry id}, what the decided bridges provide) matched against
-        the unresolved targets; ``early`` as the field says."""
+        the unresolved targets; ``early`` as the field says; ``left_out`` ({entry id: feature}) what those bridges
+        leave out (``bridges.left_out_by_decisions``)."""
         bridged = tuple(sorted((t, provided[t]) for t in {u.target for u in self.unresolved} if t in provided))
-        return dataclasses.replace(self, bridged=bridged, early=early)
+        used = {entry for _, entry in bridged}
+        return dataclasses.replace(self, bridged=bridged, early=early,
+                                   left_out=tuple(sorted(i for i in (left_out or {}).items() if i[0] in used)))
 
     @property
     def names(self) -> list[str]:
