@@ -38,6 +38,21 @@ def test_decision_table(callee, caller, action):
     assert bridge.DRIFT_POINT.decide(SetupServerFacts(callee, caller), Controls()).action == action
 
 
+def test_the_files_give_the_shape_the_imported_function_has():
+    """The static shape of ``setup_server`` (what doctor and check decide from) is the imported function's: vLLM 0.33+
+    defines it in ``vllm.entrypoints.launchers.launcher`` and re-exports it from the api server module."""
+    if STATIC.callee == Shape.ABSENT:
+        pytest.skip("vLLM is not installed here")
+    result = run_python("""
+        import vllm.entrypoints.openai.api_server as module
+        from vllm_compat.bridges.setup_server_call import callee_shape_from_function
+        print("SHAPE", callee_shape_from_function(module.setup_server)[0])
+    """, env={"VLLM_COMPAT_DISABLE": "1"}, timeout=1200)
+    if "SHAPE " not in result.stdout:
+        pytest.skip(f"vLLM's api server module does not import here: {result.stderr.strip().splitlines()[-1:]}")
+    assert STATIC.callee == result.stdout.split("SHAPE ", 1)[1].split()[0], STATIC
+
+
 @needs_drift
 @needs_startup_hook
 def test_unpatched_call_fails_and_the_adapter_gives_vllm_024s_socket():
@@ -45,12 +60,13 @@ def test_unpatched_call_fails_and_the_adapter_gives_vllm_024s_socket():
     # args are a Namespace with what setup_server reads, and its logging / validation helpers (which read the
     # parser's defaults) are no-ops here; the socket is vLLM's own create_server_socket.
     code = """
-        import argparse, json, socket
+        import argparse, json, socket, sys
         import vllm_omni.entrypoints.openai.api_server as server
         import vllm.entrypoints.openai.api_server as vllm_server
         import vllm_compat
+        home = sys.modules[vllm_server.setup_server.__module__]  # vLLM 0.33+ defines it elsewhere and re-exports it
         for helper in ("log_version_and_model", "log_non_default_args", "validate_api_server_args"):
-            setattr(vllm_server, helper, lambda *a, **k: None)
+            setattr(home, helper, lambda *a, **k: None)
         class Args(argparse.Namespace):  # every other flag unset (None), as parsed defaults would mostly be
             def __getattr__(self, name):
                 return None

@@ -35,7 +35,7 @@ class Shape:
     REQUIRES_REUSE_PORT = "requires_reuse_port"  # setup_server(args, *, reuse_port) without a default
     FITS = "fits"  # the old call works (no reuse_port, or one with a default) / the caller passes reuse_port
     ARGS_ONLY = "args_only"  # the caller: setup_openai_server(args)
-    MISSING = "missing"  # vLLM's api_server.py defines no setup_server: vllm-omni's import of it fails first
+    MISSING = "missing"  # vLLM's api_server has no setup_server: vllm-omni's import of it fails first
     UNKNOWN = "unknown"
     ABSENT = "absent"
 
@@ -50,17 +50,20 @@ class SetupServerFacts:
         return asdict(self)
 
 
-def callee_shape_from_source(source: str | None) -> tuple[str, str]:
-    if source is None:
-        return Shape.ABSENT, ""
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef) and node.name == CALLEE:
-            names = [a.arg for a in node.args.kwonlyargs]
-            if "reuse_port" not in names:
-                return Shape.FITS, ""
-            default = node.args.kw_defaults[names.index("reuse_port")]
-            return (Shape.REQUIRES_REUSE_PORT if default is None else Shape.FITS), ""
-    return Shape.MISSING, f"{CALLEE_FILE} defines no {CALLEE}"
+def callee_shape_from_files(vllm_tree) -> tuple[str, str]:
+    """The shape of what ``from vllm.entrypoints.openai.api_server import setup_server`` binds in ``vllm_tree``,
+    following re-exports (vLLM 0.33 moved the def to ``vllm.entrypoints.launchers.launcher`` and imports it there)."""
+    from ..detect.definitions import Definitions
+
+    found = Definitions(vllm_tree).find(CALLEE_MODULE, CALLEE)
+    node = found[2] if found is not None else None
+    if not isinstance(node, ast.FunctionDef):
+        return Shape.MISSING, f"{CALLEE_MODULE} has no def {CALLEE} (in {CALLEE_FILE} or a module it imports it from)"
+    names = [a.arg for a in node.args.kwonlyargs]
+    if "reuse_port" not in names:
+        return Shape.FITS, ""
+    default = node.args.kw_defaults[names.index("reuse_port")]
+    return (Shape.REQUIRES_REUSE_PORT if default is None else Shape.FITS), ""
 
 
 def callee_shape_from_function(function) -> tuple[str, str]:
@@ -96,8 +99,7 @@ class SetupServerCall(DriftPoint):
         return SetupServerFacts(callee[0], caller[0], "; ".join(d for d in (callee[1], caller[1]) if d))
 
     def detect_static(self, site) -> SetupServerFacts:
-        callee = callee_shape_from_source(site.vllm_tree.read(CALLEE_FILE)) if site.vllm_tree.has_package(
-            "vllm") else (Shape.ABSENT, "")
+        callee = callee_shape_from_files(site.vllm_tree) if site.vllm_tree.has_package("vllm") else (Shape.ABSENT, "")
         return self._facts(callee, caller_shape_from_source(site.omni_tree.read(CALLER_FILE)))
 
     def detect_runtime(self, module) -> SetupServerFacts:
@@ -115,7 +117,7 @@ class SetupServerCall(DriftPoint):
         if facts.caller in (Shape.ABSENT, Shape.FITS):
             return self.decision(Action.SKIPPED, "no installed vllm-omni calls setup_openai_server(args) alone")
         if facts.callee == Shape.MISSING:
-            return self.decision(Action.SKIPPED, f"this vLLM's {CALLEE_FILE} defines no {CALLEE}: vllm-omni's server "
+            return self.decision(Action.SKIPPED, f"this vLLM's {CALLEE_MODULE} has no {CALLEE}: vllm-omni's server "
                                  "stops at importing it (the entrypoint check reports that), not at the call")
         if Shape.UNKNOWN in (facts.callee, facts.caller):
             return self.refused(f"the shapes are not the measured ones ({facts.detail})")
