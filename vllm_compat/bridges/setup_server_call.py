@@ -11,7 +11,8 @@ signature) and the installed vllm-omni calls ``setup_openai_server`` with ``args
 ``ast``): vllm-omni's module binding is rebound to a wrapper that passes ``reuse_port=True``, the socket vLLM 0.24
 gave it (``SO_REUSEADDR`` and ``SO_REUSEPORT``). vLLM's own function and its own callers are untouched. Where the
 call fits (vLLM 0.24, or a vllm-omni that passes ``reuse_port``) it stays out.
-Serves: vllm-omni 0.24.0 on vLLM 0.25.1 (measured; the same signature where later releases keep it).
+Serves: vllm-omni 0.24.0 on vLLM 0.25-0.34 (measured on 0.25.1 and 0.33; 0.33+ define it in
+``vllm.entrypoints.launchers.launcher`` and re-export it, which the file reading follows).
 Retire when: the oldest supported vllm-omni passes ``reuse_port`` (or vLLM gives it a default again).
 """
 
