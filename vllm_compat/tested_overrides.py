@@ -6,7 +6,7 @@ differ. Keys: (host, host version, plugin, plugin version); values: {cell id: (l
 
 TESTED_OVERRIDES: dict[tuple[str, str, str, str], dict[str, tuple[str, ...]]] = {
     ('vllm', '0.32.0', 'vllm-omni', '0.28.0'): {'v0.32-omni0.28': ('transformers==5.19.0',)},
-    ('vllm', '0.32.0', 'vllm-omni', '0.30.0'): {'v0.32-omni0.30': ('transformers==5.19.0',)},
+    ('vllm', '0.32.0', 'vllm-omni', '0.30.0'): {'v0.32-omni0.30': ('transformers==5.19.0',), 'v0.32-omni0.30-serve': ('transformers==5.19.0',)},
     ('vllm', '0.33.0', 'vllm-omni', '0.28.0'): {'v0.33-omni0.28': ('transformers==5.20.2',)},
     ('vllm', '0.33.0', 'vllm-omni', '0.30.0'): {'v0.33-omni0.30': ('transformers==5.20.2',), 'v0.33-omni0.30-serve': ('transformers==5.20.2',)},
     ('vllm', '0.34.0', 'vllm-omni', '0.24.0'): {'v0.34-omni0.24': ('huggingface-hub==2.4.0',), 'v0.34-omni0.24-serve': ('huggingface-hub==2.4.0',)},
