@@ -4,9 +4,9 @@
 #   bash gpu/serve_run.sh native          (b) native 0.24.0, (b') native 0.24.0 --quantization fp8
 #   bash gpu/serve_run.sh compat          vllm_compat installed: (c) 0.25.1, (d) 0.25.1 fp8, (d'') 0.25.1 fp8 without the
 #                                         loader patch (VLLM_COMPAT_DISABLE_PATCHES); SERVE_COMPAT024=1: (d') 0.24.0 fp8
-#   bash gpu/serve_run.sh llm             a tiny Qwen2 LM (vllm-omni's LLM-stage branch), one greedy chat request:
-#                                         native 0.24.0, then vllm_compat on 0.25.1 (where serve_render_serving's
-#                                         stand-in stops the LLM-stage server at startup: what check calls left out)
+#   bash gpu/serve_run.sh llm             a tiny Qwen2 LM and one greedy chat request: native 0.24.0, then vllm_compat
+#                                         on 0.25.1 (measured: both stop at the same point, vllm-omni 0.24.0 looks a
+#                                         plain LM up as a diffusion model; its LLM-stage branch is not reached)
 #   bash gpu/serve_run.sh diag            DIAGNOSTIC: vllm_compat + gpu/serve_diag_reuse_port.py, 0.25.1 and 0.25.1 fp8
 #                                         (DIAG_ONLY_NOLOADER=1: 0.25.1 fp8 with the loader patch left out, only)
 # Each phase writes $OUT/serve_<run>.json after each run, $OUT/serve_<phase>_logs.tar.gz (server logs, PNGs,
