@@ -339,6 +339,11 @@ def _chat_requests(client, model_id: str, rec: dict) -> None:
     rec["chats"] = chats
     if len(chats) == 2:
         rec["repeat_equal"] = chats[0]["text"] == chats[1]["text"]
+    try:  # /v1/completions: the second vLLM serving vllm-omni builds on the render serving
+        resp = client.completions.create(model=model_id, prompt=PROMPT, max_tokens=8, temperature=0.0, seed=SEED)
+        rec["completion"] = {"text": resp.choices[0].text, "finish_reason": resp.choices[0].finish_reason}
+    except Exception as e:  # noqa: BLE001 - recorded, the run goes on to the stop
+        rec["completion_error"] = f"{type(e).__name__}: {e}"[:2000]
 
 
 def main(argv: list[str] | None = None) -> int:

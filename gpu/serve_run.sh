@@ -4,9 +4,9 @@
 #   bash gpu/serve_run.sh native          (b) native 0.24.0, (b') native 0.24.0 --quantization fp8
 #   bash gpu/serve_run.sh compat          vllm_compat installed: (c) 0.25.1, (d) 0.25.1 fp8, (d'') 0.25.1 fp8 without the
 #                                         loader patch (VLLM_COMPAT_DISABLE_PATCHES); SERVE_COMPAT024=1: (d') 0.24.0 fp8
-#   bash gpu/serve_run.sh llm             a tiny Qwen2 LM and one greedy chat request: native 0.24.0, then vllm_compat
-#                                         on 0.25.1 (measured: both stop at the same point, vllm-omni 0.24.0 looks a
-#                                         plain LM up as a diffusion model; its LLM-stage branch is not reached)
+#   bash gpu/serve_run.sh llm             a tiny Qwen2 LM as one LLM stage (gpu/llm_stage.yaml: without it vllm-omni
+#                                         0.24.0 looks a plain LM up as a diffusion model), greedy chat and completion
+#                                         requests: native 0.24.0, then vllm_compat on 0.25.1
 #   bash gpu/serve_run.sh diag            DIAGNOSTIC: vllm_compat + gpu/serve_diag_reuse_port.py, 0.25.1 and 0.25.1 fp8
 #                                         (DIAG_ONLY_NOLOADER=1: 0.25.1 fp8 with the loader patch left out, only)
 # Each phase writes $OUT/serve_<run>.json after each run, $OUT/serve_<phase>_logs.tar.gz (server logs, PNGs,
@@ -42,7 +42,7 @@ run() {  # name vllm-tag port [serve args...]; SERVE_CHAT=1: the tiny LM and a c
     echo "=== $name (vLLM $tag) $(date -u +%T)"
     if [ -n "${SERVE_CHAT:-}" ]; then
         python3 gpu/serve_check.py serve "$name" "$LLM" "$W" --port "$port" --startup-timeout 180 --chat -- \
-            --enforce-eager --max-model-len 512 --gpu-memory-utilization 0.2 "$@"
+            --stage-configs-path "${SERVE_STAGES:-$PWD/gpu/llm_stage.yaml}" "$@"
     else
         python3 gpu/serve_check.py serve "$name" "$MODEL" "$W" --port "$port" --startup-timeout 180 -- --enforce-eager "$@"
     fi
@@ -69,11 +69,23 @@ elif [ "$phase" = compat ]; then
     compat_uninstall
 elif [ "$phase" = llm ]; then
     LLM=$VCS/tiny-qwen2-lm
+    # vLLM's sampler imports flashinfer for top-k / top-p on CUDA unless told not to; the carried deps have none
+    # (measured: both pairs stopped there). vLLM's own switch, the same for both.
+    export VLLM_USE_FLASHINFER_SAMPLER=0
     [ -f "$LLM/config.json" ] || python3 gpu/serve_check.py write-llm "$LLM" > "$OUT/llm_model.json" || exit 1
     compat_uninstall 2>/dev/null
     SERVE_CHAT=1 run llm_native024 024 8111
     compat_install || { echo "compat_install failed"; exit 1; }
     SERVE_CHAT=1 run llm_compat0251 0251 8112
+    compat_uninstall
+elif [ "$phase" = llm_sync ]; then  # the llm phase's vllm_compat run once more, the stage without async scheduling
+    LLM=$VCS/tiny-qwen2-lm
+    export VLLM_USE_FLASHINFER_SAMPLER=0
+    [ -f "$LLM/config.json" ] || python3 gpu/serve_check.py write-llm "$LLM" > "$OUT/llm_model.json" || exit 1
+    sed 's/^      enforce_eager: true$/      enforce_eager: true\n      async_scheduling: false/' gpu/llm_stage.yaml > $VCS/llm_stage_sync.yaml
+    grep -q "async_scheduling: false" $VCS/llm_stage_sync.yaml || exit 1
+    compat_install || { echo "compat_install failed"; exit 1; }
+    SERVE_CHAT=1 SERVE_STAGES=$VCS/llm_stage_sync.yaml run llm_compat0251_sync 0251 8113
     compat_uninstall
 elif [ "$phase" = diag ]; then  # DIAGNOSTIC (gpu/serve_diag_reuse_port.py): past the setup_server stop, what next?
     compat_install || { echo "compat_install failed"; exit 1; }
