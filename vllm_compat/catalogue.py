@@ -102,15 +102,13 @@ CATALOGUE: tuple[Entry, ...] = (
           "error_response"),
     # vllm-omni 0.24.0's server (`vllm serve --omni`) on vLLM 0.25+ (issue 24, helper H6)
     Entry("serve_server_utils", "alias", _B + "serve_server_utils", "vllm.entrypoints.serve.utils", "server_utils"),
-    Entry("serve_render_serving", "adapter", _B + "serve_render_serving", "vllm.entrypoints.serve", "render"),
+    Entry("serve_render_serving", "stand-in", _B + "serve_render_serving", "vllm.entrypoints.serve", "render"),
     Entry("serve_disagg_serving", "adapter", _B + "serve_disagg_serving", "vllm.entrypoints.serve", "disagg"),
     Entry("launcher_adapter", "adapter", _B + "launcher_adapter", "vllm.entrypoints", "launcher"),
     Entry("engine_client_methods", "adapter", _B + "engine_client_methods", "vllm_omni.entrypoints.async_omni",
           "AsyncOmni"),
     Entry("setup_server_call", "adapter", _B + "setup_server_call", "vllm_omni.entrypoints.openai.api_server",
           "setup_openai_server"),
-    Entry("openai_serving_render_keyword", "adapter", _B + "openai_serving_render_keyword",
-          "vllm_omni.entrypoints.openai.api_server", "omni_init_app_state"),
     Entry("cli_logging_setup", "adapter", _B + "cli_logging_setup", "vllm_omni.entrypoints.cli.serve",
           "OmniServeCommand.validate"),
 )
