@@ -10,6 +10,8 @@
 #                                         stage": serve_r4 ran commit 1015f58's experimental adapters; at later
 #                                         commits the compat run stops at startup, at serve_render_serving)
 #   bash gpu/serve_run.sh llm_sync        the llm phase's vllm_compat run, the stage's async scheduling off
+#   bash gpu/serve_run.sh llm_v1          the llm phase's vllm_compat run, VLLM_USE_V2_MODEL_RUNNER=0 (not run yet: the device
+#                                         time of 2026-12-03 was spent; gpu/results.md, "LLM stage", says why)
 #   bash gpu/serve_run.sh diag            DIAGNOSTIC: vllm_compat + gpu/serve_diag_reuse_port.py, 0.25.1 and 0.25.1 fp8
 #                                         (DIAG_ONLY_NOLOADER=1: 0.25.1 fp8 with the loader patch left out, only)
 # Each phase writes $OUT/serve_<run>.json after each run, $OUT/serve_<phase>_logs.tar.gz (server logs, PNGs,
@@ -89,6 +91,15 @@ elif [ "$phase" = llm_sync ]; then  # the llm phase's vllm_compat run once more,
     grep -q "async_scheduling: false" $VCS/llm_stage_sync.yaml || exit 1
     compat_install || { echo "compat_install failed"; exit 1; }
     SERVE_CHAT=1 SERVE_STAGES=$VCS/llm_stage_sync.yaml run llm_compat0251_sync 0251 8113
+    compat_uninstall
+elif [ "$phase" = llm_v1 ]; then  # the llm phase's vllm_compat run once more, vLLM's V1 model runner by default
+    # vLLM 0.25 made Model Runner V2 the default for dense models; vllm-omni 0.24.0's AR worker forces its V1 runner
+    # but the scheduler follows the config (skipping V1's all_token_ids bookkeeping): the KeyError of llm's run?
+    LLM=$VCS/tiny-qwen2-lm
+    export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_USE_V2_MODEL_RUNNER=0
+    [ -f "$LLM/config.json" ] || python3 gpu/serve_check.py write-llm "$LLM" > "$OUT/llm_model.json" || exit 1
+    compat_install || { echo "compat_install failed"; exit 1; }
+    SERVE_CHAT=1 run llm_compat0251_v1 0251 8114
     compat_uninstall
 elif [ "$phase" = diag ]; then  # DIAGNOSTIC (gpu/serve_diag_reuse_port.py): past the setup_server stop, what next?
     compat_install || { echo "compat_install failed"; exit 1; }

@@ -18,8 +18,10 @@ Why a stop and not an adapter (measured on an H200, ``gpu/results.md``, "LLM sta
 ``OnlineRenderer`` and the servings' keyword renamed (commit 1015f58), a one-AR-stage server of vllm-omni 0.24.0 on
 vLLM 0.25.1 starts, and its ``/v1/completions`` answer equals the native pair's, but only with the stage's async
 scheduling off: with vLLM's default (on), vllm-omni 0.24.0's AR model runner dies at the first request (``KeyError``
-in its ``_update_states``), and chat completions fail on the attribute ``tool_call_id_type`` that vLLM 0.25's chat
-serving no longer sets. A server that reports healthy and fails every request is worse than this stop at startup.
+in its ``_update_states``: vLLM 0.25 made Model Runner V2 the default for dense models, vllm-omni's AR worker forces
+its V1 runner, and the scheduler still follows the config, read from the wheels), and chat completions fail on the
+attribute ``tool_call_id_type`` that vLLM 0.25's chat serving no longer sets. A server that reports healthy and fails
+every request is worse than this stop at startup.
 """
 
 from __future__ import annotations
