@@ -55,6 +55,13 @@ run() {  # name vllm-tag port [serve args...]; SERVE_CHAT=1: the tiny LM and a c
     cp "$W/$name.json" "$OUT/serve_$name.json"
     tar -C $VCS/out -czf "$OUT/serve_${phase}_logs.tar.gz" "$phase"
 }
+llm_model() {  # the llm phases' tiny LM (written once per machine) and their switch
+    LLM=$VCS/tiny-qwen2-lm
+    # vLLM's sampler imports flashinfer for top-k / top-p on CUDA unless told not to; the carried deps have none
+    # (measured: both pairs stopped there). vLLM's own switch, the same for both.
+    export VLLM_USE_FLASHINFER_SAMPLER=0
+    [ -f "$LLM/config.json" ] || python3 gpu/serve_check.py write-llm "$LLM" > "$OUT/llm_model.json" || exit 1
+}
 if [ "$phase" = bug ]; then
     compat_uninstall 2>/dev/null
     run bug0251 0251 8101
@@ -73,20 +80,14 @@ elif [ "$phase" = compat ]; then
     [ -n "${SERVE_COMPAT024:-}" ] && run compat024_fp8 024 8106 --quantization fp8
     compat_uninstall
 elif [ "$phase" = llm ]; then
-    LLM=$VCS/tiny-qwen2-lm
-    # vLLM's sampler imports flashinfer for top-k / top-p on CUDA unless told not to; the carried deps have none
-    # (measured: both pairs stopped there). vLLM's own switch, the same for both.
-    export VLLM_USE_FLASHINFER_SAMPLER=0
-    [ -f "$LLM/config.json" ] || python3 gpu/serve_check.py write-llm "$LLM" > "$OUT/llm_model.json" || exit 1
+    llm_model
     compat_uninstall 2>/dev/null
     SERVE_CHAT=1 run llm_native024 024 8111
     compat_install || { echo "compat_install failed"; exit 1; }
     SERVE_CHAT=1 run llm_compat0251 0251 8112
     compat_uninstall
 elif [ "$phase" = llm_sync ]; then  # the llm phase's vllm_compat run once more, the stage without async scheduling
-    LLM=$VCS/tiny-qwen2-lm
-    export VLLM_USE_FLASHINFER_SAMPLER=0
-    [ -f "$LLM/config.json" ] || python3 gpu/serve_check.py write-llm "$LLM" > "$OUT/llm_model.json" || exit 1
+    llm_model
     sed 's/^      enforce_eager: true$/      enforce_eager: true\n      async_scheduling: false/' gpu/llm_stage.yaml > $VCS/llm_stage_sync.yaml
     grep -q "async_scheduling: false" $VCS/llm_stage_sync.yaml || exit 1
     compat_install || { echo "compat_install failed"; exit 1; }
@@ -95,9 +96,8 @@ elif [ "$phase" = llm_sync ]; then  # the llm phase's vllm_compat run once more,
 elif [ "$phase" = llm_v1 ]; then  # the llm phase's vllm_compat run once more, vLLM's V1 model runner by default
     # vLLM 0.25 made Model Runner V2 the default for dense models; vllm-omni 0.24.0's AR worker forces its V1 runner
     # but the scheduler follows the config (skipping V1's all_token_ids bookkeeping): the KeyError of llm's run?
-    LLM=$VCS/tiny-qwen2-lm
-    export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_USE_V2_MODEL_RUNNER=0
-    [ -f "$LLM/config.json" ] || python3 gpu/serve_check.py write-llm "$LLM" > "$OUT/llm_model.json" || exit 1
+    llm_model
+    export VLLM_USE_V2_MODEL_RUNNER=0
     compat_install || { echo "compat_install failed"; exit 1; }
     SERVE_CHAT=1 run llm_compat0251_v1 0251 8114
     compat_uninstall
