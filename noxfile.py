@@ -283,11 +283,6 @@ def matrix(session: nox.Session) -> None:
     _run_matrix(session, [c for c in CELLS if not wanted or c["id"] in wanted], "nox -s matrix")
 
 
-# `rotation = false`: a cell listed (nox -l, the GitHub workflow) whose whole suite has not passed here yet; CI's
-# rotation leaves it out until a run confirms it (matrix/vllm.toml says why per cell).
-ROTATING_CELLS = [c for c in CELLS if not c.get("default") and c.get("rotation", True)]
-
-
 def _rotation_module():
     import importlib.util
 
@@ -295,6 +290,11 @@ def _rotation_module():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# `rotation = false`: a cell listed (nox -l, the GitHub workflow) whose whole suite has not passed here yet; CI's
+# rotation leaves it out until a run confirms it (matrix/vllm.toml says why per cell).
+ROTATING_CELLS = [c for c in CELLS if _rotation_module().rotates(c)]
 
 
 def rotation_share(seed: int, per_run: int) -> list[dict]:

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tomllib
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "matrix"))  # its sibling, as a script or loaded by path (tests/test_cell_table.py)
+from rotation import rotates  # noqa: E402  (CI's rule for which cells rotate: one home)
+
 MATRIX = ROOT / "matrix" / "vllm.toml"
 README = ROOT / "README.md"
 BEGIN, END = "<!-- cells:begin -->", "<!-- cells:end -->"
@@ -28,7 +32,7 @@ STATUS = {"works": "works", "works_with_vllm_compat": "with vllm_compat", "will_
 def ci_role(cell: dict) -> str:
     if cell.get("default"):
         return "every run"
-    return "waits" if cell.get("rotation") is False else "rotation"
+    return "rotation" if rotates(cell) else "waits"
 
 
 def render(cells: list[dict]) -> str:

@@ -11,6 +11,12 @@ taken; adding or removing one re-deals the shares, so the cycle starts over.
 from __future__ import annotations
 
 
+def rotates(cell: dict) -> bool:
+    """Whether CI's rotation runs ``cell`` (a ``[[cell]]`` of matrix/vllm.toml): not a default cell (those run on every
+    submission) and not marked ``rotation = false`` (listed, its whole suite not yet passed here)."""
+    return not cell.get("default") and bool(cell.get("rotation", True))
+
+
 def rotation_share(cells: list[dict], seed: int, per_run: int) -> list[dict]:
     """The cells of ``cells`` (the rotating ones, in file order) that submission number ``seed`` runs; [] when
     there are none or ``per_run`` is not positive."""

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("matrix_rotation", ROOT / "matrix" / "rotation.py")
 rotation = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(rotation)
-ROTATING = [c for c in tomllib.loads((ROOT / "matrix" / "vllm.toml").read_text())["cell"] if not c.get("default")]
+ROTATING = [c for c in tomllib.loads((ROOT / "matrix" / "vllm.toml").read_text())["cell"] if rotation.rotates(c)]
 
 
 @pytest.mark.parametrize("per_run", [1, 3, 4, 5])
