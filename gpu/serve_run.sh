@@ -86,6 +86,11 @@ elif [ "$phase" = llm ]; then
     compat_install || { echo "compat_install failed"; exit 1; }
     SERVE_CHAT=1 run llm_compat0251 0251 8112
     compat_uninstall
+elif [ "$phase" = llm_noscheduler ]; then  # the llm phase's vllm_compat run with ar_scheduler_v1_runner left out
+    llm_model
+    compat_install || { echo "compat_install failed"; exit 1; }
+    VLLM_COMPAT_DISABLE_PATCHES=ar_scheduler_v1_runner SERVE_CHAT=1 run llm_compat0251_noscheduler 0251 8115
+    compat_uninstall
 elif [ "$phase" = llm_sync ]; then  # the llm phase's vllm_compat run once more, the stage without async scheduling
     llm_model
     sed 's/^      enforce_eager: true$/      enforce_eager: true\n      async_scheduling: false/' gpu/llm_stage.yaml > $VCS/llm_stage_sync.yaml

@@ -124,6 +124,45 @@ def vllm_function(read, relpath: str, name: str, params: str):
     return func, ""
 
 
+def init_shape(source: str | None, relpath: str, cls_name: str, positional: tuple[str, ...],
+               keywords: tuple[str, ...], built: tuple[str, ...] = ()) -> tuple[str, str]:
+    """(``Shape``, detail) of ``cls_name.__init__`` in vLLM's file ``relpath`` (``source``, or None where it is
+    missing) for an adapter that makes the old call on it: known where it takes exactly ``positional`` first, no
+    ``*args`` / ``**kwargs``, every name of ``keywords`` (the old call's), and requires no other keyword than those
+    and ``built`` (the ones the adapter builds)."""
+    module = relpath[:-3].replace("/", ".")
+    if source is None:
+        return Shape.UNKNOWN, f"{relpath} is missing or unreadable"
+    import ast
+
+    cls = next((n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
+    init = cls and next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    if init is None:
+        return Shape.UNKNOWN, f"{module} has no {cls_name}.__init__"
+    args = init.args
+    found = tuple(a.arg for a in args.posonlyargs + args.args)
+    if found != positional or args.vararg or args.kwarg:
+        return Shape.UNKNOWN, f"{module}.{cls_name}.__init__ takes ({', '.join(found)}, ...), not " \
+                              f"({', '.join(positional)}, *, ...)"
+    names = [a.arg for a in args.kwonlyargs]
+    required = [a.arg for a, default in zip(args.kwonlyargs, args.kw_defaults, strict=True) if default is None]
+    missing = [k for k in keywords if k not in names]
+    unknown = [k for k in required if k not in keywords + built]
+    if missing or unknown:
+        return Shape.UNKNOWN, f"{module}.{cls_name}.__init__ lacks {missing} / requires {unknown}"
+    return Shape.KNOWN, ""
+
+
+def init_fits(cls: type, positional: tuple[str, ...], keywords: tuple[str, ...], built: tuple[str, ...] = ()) -> bool:
+    """``init_shape`` of the imported class ``cls`` (its live signature)."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters
+    return tuple(params)[:len(positional)] == positional and all(k in params for k in keywords) and all(
+        p.default is not p.empty or name in keywords + built
+        for name, p in params.items() if p.kind == p.KEYWORD_ONLY)
+
+
 def files_of_installed_vllm(relpath: str) -> str | None:
     """The source of ``relpath`` (``vllm/...``) in the imported vLLM (``sys.modules['vllm']``), read, not imported:
     the hook runs while vLLM's packages are still loading. None when vLLM is not imported or the file is missing."""

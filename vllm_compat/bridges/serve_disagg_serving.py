@@ -39,7 +39,6 @@ ones, and the response class is ``GenerateTokensResponse`` (the same JSON); read
 
 from __future__ import annotations
 
-import ast
 import functools
 
 from ..decide import Action
@@ -50,8 +49,10 @@ from ._module_stand_in import (
     Moved,
     Shape,
     files_of_installed_vllm,
+    init_fits,
     removed_class,
 )
+from ._module_stand_in import init_shape as module_init_shape
 
 OLD_MODULE = "vllm.entrypoints.serve.disagg.serving"
 NEW_MODULE = "vllm.entrypoints.scale_out.token_in_token_out.serving"
@@ -75,24 +76,7 @@ def init_shape(source: str | None) -> tuple[str, str]:
     """(``Shape``, detail) of ``ServingTokens.__init__`` in vLLM's new file (``source``, or None where it is missing):
     known where it takes ``(self, engine_client, models, online_renderer, *, ...)`` with every keyword of the old call,
     and any other keyword without a default is one the adapter builds (``BUILT_KEYWORDS``)."""
-    if source is None:
-        return Shape.UNKNOWN, f"{NEW_FILE} is missing or unreadable"
-    cls = next((n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "ServingTokens"), None)
-    init = cls and next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
-    if init is None:
-        return Shape.UNKNOWN, f"{NEW_MODULE} has no ServingTokens.__init__"
-    args = init.args
-    positional = tuple(a.arg for a in args.posonlyargs + args.args)
-    keywords = [a.arg for a in args.kwonlyargs]
-    required = [a.arg for a, default in zip(args.kwonlyargs, args.kw_defaults, strict=True) if default is None]
-    if positional != NEW_POSITIONAL or args.vararg or args.kwarg:
-        return Shape.UNKNOWN, f"{NEW_MODULE}.ServingTokens.__init__ takes ({', '.join(positional)}, ...), not " \
-                              f"({', '.join(NEW_POSITIONAL)}, *, ...)"
-    missing = [k for k in OLD_KEYWORDS if k not in keywords]
-    unknown = [k for k in required if k not in OLD_KEYWORDS + BUILT_KEYWORDS]
-    if missing or unknown:
-        return Shape.UNKNOWN, f"{NEW_MODULE}.ServingTokens.__init__ lacks {missing} / requires {unknown}"
-    return Shape.KNOWN, ""
+    return module_init_shape(source, NEW_FILE, "ServingTokens", NEW_POSITIONAL, OLD_KEYWORDS, BUILT_KEYWORDS)
 
 
 def keywords_not_taken(generate) -> tuple[str, ...]:
@@ -151,10 +135,7 @@ def serving_tokens_class() -> type:
 
     base = importlib.import_module(NEW_MODULE).ServingTokens
     params = inspect.signature(base.__init__).parameters
-    shape_ok = tuple(params)[:4] == NEW_POSITIONAL and all(k in params for k in OLD_KEYWORDS) and all(
-        p.default is not p.empty or name in OLD_KEYWORDS + BUILT_KEYWORDS
-        for name, p in params.items() if p.kind == p.KEYWORD_ONLY)
-    if not shape_ok:
+    if not init_fits(base, NEW_POSITIONAL, OLD_KEYWORDS, BUILT_KEYWORDS):
         return removed_class("ServingTokens", OLD_MODULE, DRIFT_POINT.removed_message(
             "ServingTokens", f"{MESSAGE} (found ServingTokens.__init__{inspect.signature(base.__init__)})"))
     from vllm.renderers.online_renderer import OnlineRenderer

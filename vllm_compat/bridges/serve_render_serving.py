@@ -1,48 +1,136 @@
-"""Stand-in for the module ``vllm.entrypoints.serve.render.serving`` (``OpenAIServingRender``), removed in vLLM 0.25.
+"""Adapter for the module ``vllm.entrypoints.serve.render.serving`` (``OpenAIServingRender``), removed in vLLM 0.25.
 
 Why: vLLM 0.25 split vLLM 0.24's ``OpenAIServingRender`` (one class rendering chat / completion requests for every
-serving) into ``vllm.renderers.online_renderer.OnlineRenderer`` / ``OnlineDerenderer`` with other constructors, and
-every vLLM serving that took ``openai_serving_render=`` now takes ``online_renderer=``. vllm-omni 0.24.0's
+serving) into ``vllm.renderers.online_renderer.OnlineRenderer`` / ``OnlineDerenderer``. vllm-omni 0.24.0's
 ``vllm_omni/entrypoints/openai/api_server.py`` imports the class at module level, so ``vllm serve --omni`` dies at
-import (``No module named 'vllm.entrypoints.serve.render'``) on 0.25+, for every model. Only its LLM-stage branch
-(``omni_init_app_state`` past the pure-diffusion return) builds one, and passes it to vLLM's own servings, whose
-0.25 constructors no longer take it: that branch cannot be bridged by a name.
+import (``No module named 'vllm.entrypoints.serve.render'``) on 0.25+, for every model. Its LLM-stage branch
+(``omni_init_app_state`` past the pure-diffusion return) builds ``OpenAIServingRender(model_config, renderer,
+model_registry, *, request_logger=, chat_template=, ...)`` and hands it to vLLM's servings (their keyword is
+``online_renderer=`` since 0.25: ``openai_serving_render_keyword``); vllm-omni's chat serving calls its
+``validate_chat_template`` and ``_make_request_with_harmony``, which ``OnlineRenderer`` has with the same parameters.
 When: ``vllm.entrypoints.serve`` is imported without a ``render`` subpackage and an installed vllm-omni imports the
-module (read from its files): the package and module are registered with an ``OpenAIServingRender`` whose
-construction raises ``RemovedByVLLMError`` naming the drift. The import works, a pure-diffusion server starts and
-serves; an LLM-stage server stops at startup with that message instead of at import. A vLLM with the module keeps it.
-Serves: vllm-omni 0.24.0 on vLLM 0.25-0.34 (its pure-diffusion server; measured on 0.25.1).
+module (read from its files): the package and module are registered with an ``OpenAIServingRender`` that is a
+subclass of vLLM's ``OnlineRenderer`` taking the old call (``model_registry`` kept as the attribute 0.24 had). Where
+``OnlineRenderer.__init__`` is not the measured shape (read from its file), ``OpenAIServingRender`` is a class whose
+construction raises ``RemovedByVLLMError`` naming that: the import, and the pure-diffusion server, still work, and the
+verdict says what that leaves out. A vLLM with the module keeps it.
+Serves: vllm-omni 0.24.0 on vLLM 0.25-0.34 (``OnlineRenderer`` read from the 0.25.1, 0.31 and 0.34 wheels).
 Retire when: the oldest supported vllm-omni no longer imports ``vllm.entrypoints.serve.render.serving``.
 
-Why a stop and not an adapter (measured on an H200, ``gpu/results.md``, "LLM stage"): with the class adapted on
-``OnlineRenderer`` and the servings' keyword renamed (commit 1015f58), a one-AR-stage server of vllm-omni 0.24.0 on
-vLLM 0.25.1 starts, and its ``/v1/completions`` answer equals the native pair's, but only with the stage's async
-scheduling off: with vLLM's default (on), vllm-omni 0.24.0's AR model runner dies at the first request (``KeyError``
-in its ``_update_states``: vLLM 0.25 made Model Runner V2 the default for dense models, vllm-omni's AR worker forces
-its V1 runner, and the scheduler still follows the config, read from the wheels), and chat completions fail on the
-attribute ``tool_call_id_type`` that vLLM 0.25's chat serving no longer sets. A server that reports healthy and fails
-every request is worse than this stop at startup.
+Not restored: 0.24's ``render_chat_request`` / ``render_completion_request`` / ``derender_*`` (the ``/v1/*/render``
+routes; vLLM 0.25 serves them from ``vllm.entrypoints.scale_out``); vllm-omni 0.24.0 calls none of them.
 """
 
 from __future__ import annotations
 
-from ._module_stand_in import ModuleStandIn
+import functools
+
+from ..decide import Action
+from . import HostKind
+from ._module_stand_in import (
+    ModuleStandIn,
+    ModuleStandInFacts,
+    Moved,
+    Shape,
+    files_of_installed_vllm,
+    init_fits,
+    init_shape,
+    removed_class,
+)
 
 OLD_MODULE = "vllm.entrypoints.serve.render.serving"
+NEW_MODULE = "vllm.renderers.online_renderer"
+NEW_FILE = "vllm/renderers/online_renderer.py"
 IMPORTERS = ("vllm_omni/entrypoints/openai/api_server.py",)
-MESSAGE = (
-    "pure-diffusion servers start, an LLM stage does not (vLLM 0.25 replaced vLLM 0.24's OpenAIServingRender by "
-    "vllm.renderers.online_renderer.OnlineRenderer, and its servings take online_renderer= instead). Serve this model "
-    "with vLLM 0.24 (vllm-omni 0.24.0's own), or with a vllm-omni built for this vLLM.")
+# vLLM 0.24's OpenAIServingRender.__init__: (model_config, renderer, model_registry, *, these keywords).
+OLD_KEYWORDS = ("request_logger", "chat_template", "chat_template_content_format", "trust_request_chat_template",
+                "enable_auto_tools", "exclude_tools_when_tool_choice_none", "tool_parser", "reasoning_parser",
+                "default_chat_template_kwargs", "log_error_stack")
+NEW_POSITIONAL = ("self", "model_config", "renderer")  # OnlineRenderer, vLLM 0.25-0.34
+MESSAGE = ("pure-diffusion servers start, an LLM stage does not (vLLM 0.25 replaced vLLM 0.24's OpenAIServingRender by "
+           f"{NEW_MODULE}.OnlineRenderer, and this vLLM's is not the shape vllm_compat adapts). Serve this model with "
+           "vLLM 0.24 (vllm-omni 0.24.0's own), or with a vllm-omni built for this vLLM.")
+LEAVES_OUT = ("a server whose model has an LLM stage (vllm-omni's multi-stage pipelines, e.g. Qwen2.5-Omni) stops at "
+              "startup; pure-diffusion models serve")
 
 
-class ServeRenderServingStandIn(ModuleStandIn):
+def renderer_shape(source: str | None) -> tuple[str, str]:
+    """(``Shape``, detail) of vLLM's ``OnlineRenderer.__init__`` (``source``: its file, or None)."""
+    return init_shape(source, NEW_FILE, "OnlineRenderer", NEW_POSITIONAL, OLD_KEYWORDS)
+
+
+@functools.cache
+def serving_render_class() -> type:
+    """The adapter class (made when vllm-omni first reads it: vLLM's serving modules are still importing each other
+    when the hook registers the module): vLLM's ``OnlineRenderer`` taking vLLM 0.24's call, or, where the imported
+    class is not the measured shape, a class whose construction raises."""
+    import importlib
+
+    base = importlib.import_module(NEW_MODULE).OnlineRenderer
+    if not init_fits(base, NEW_POSITIONAL, OLD_KEYWORDS):
+        import inspect
+
+        return removed_class("OpenAIServingRender", OLD_MODULE, DRIFT_POINT.removed_message(
+            "OpenAIServingRender", f"{MESSAGE} (found OnlineRenderer.__init__{inspect.signature(base.__init__)})"))
+
+    class OpenAIServingRender(base):
+        """vLLM 0.24's ``OpenAIServingRender(model_config, renderer, model_registry, *, ...)`` on vLLM's
+        ``OnlineRenderer`` (vllm_compat's adapter, ``vllm_compat.bridges.serve_render_serving``)."""
+
+        def __init__(self, model_config, renderer, model_registry, **keywords):
+            super().__init__(model_config, renderer, **keywords)
+            self.model_registry = model_registry  # vLLM 0.24's attribute
+
+    OpenAIServingRender.__module__, OpenAIServingRender.__qualname__ = OLD_MODULE, "OpenAIServingRender"
+    return OpenAIServingRender
+
+
+def __getattr__(name: str):
+    """``OpenAIServingRender`` (PEP 562), read by the stand-in module's lazy member; nothing else."""
+    if name == "OpenAIServingRender":
+        return serving_render_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class ServeRenderServingAdapter(ModuleStandIn):
     importers = IMPORTERS
     removed_in = "0.25"
     old_module = OLD_MODULE
-    raises = {"OpenAIServingRender": MESSAGE}
-    leaves_out = ("a server whose model has an LLM stage (vllm-omni's multi-stage pipelines, e.g. Qwen2.5-Omni) stops at "
-                  "startup; pure-diffusion models serve")
+
+    def facts(self, host: str, omni_tree, read) -> ModuleStandInFacts:
+        """Every module stand-in's facts, with the shape of vLLM's ``OnlineRenderer.__init__`` where vLLM lacks the
+        old module; a shape it does not know makes the class raise, never a refusal (the import, on which every
+        server depends, still works)."""
+        facts = super().facts(host, omni_tree, read)
+        if facts.host not in (HostKind.LACKS, HostKind.UNKNOWN):
+            return facts
+        return ModuleStandInFacts(facts.host, facts.importers, *renderer_shape(read(NEW_FILE)))
+
+    def decide(self, facts, controls=None):
+        decision = super().decide(facts, controls)
+        if decision.action != Action.PATCHED:
+            return decision
+        import dataclasses
+
+        if facts.replacement == Shape.KNOWN:
+            return dataclasses.replace(decision, reason=f"{decision.reason}; OpenAIServingRender adapted to vLLM's "
+                                                        f"{NEW_MODULE}.OnlineRenderer")
+        return dataclasses.replace(decision, leaves_out=LEAVES_OUT, reason=f"{decision.reason}; OpenAIServingRender "
+                                   f"raises: vLLM's OnlineRenderer is not the measured shape ({facts.detail})")
+
+    def compare(self, static, runtime) -> list[str]:
+        differences = super().compare(static, runtime)
+        if HostKind.ABSENT not in (static.host, runtime.host) and static.replacement != runtime.replacement:
+            differences.append(f"vLLM's OnlineRenderer.__init__: {static.replacement} (files) != "
+                               f"{runtime.replacement} (imported); {static.detail or runtime.detail}")
+        return differences
+
+    def members(self) -> dict:
+        shape, detail = renderer_shape(files_of_installed_vllm(NEW_FILE))
+        if shape == Shape.KNOWN:
+            return {"OpenAIServingRender": Moved(__name__, "OpenAIServingRender")}
+        return {"OpenAIServingRender": removed_class("OpenAIServingRender", OLD_MODULE, self.removed_message(
+            "OpenAIServingRender", f"{MESSAGE} ({detail})"))}
 
 
-DRIFT_POINT = ServeRenderServingStandIn()
+DRIFT_POINT = ServeRenderServingAdapter()
