@@ -155,14 +155,15 @@ def test_screen_and_json_for_vllm_031_with_vllm_omni_024(capsys, wheel_cache, mo
     assert serve["status"] == ("will_not_start" if serve["missing"] else "works_with_vllm_compat")
     stopped = [k for k, v in entrypoints.items() if v["status"] == "will_not_start"]
     # vllm-omni 0.24.0's LLM-stage branch constructs OpenAIServingRender (read from its wheel), which vLLM 0.25+
-    # removed and a stand-in provides for the import only: a started server line and the verdict say what that
-    # leaves out, the other entrypoints (which never reach it) do not.
+    # removed: the adapter builds it on vLLM 0.31's OnlineRenderer (the measured shape), so nothing is left out,
+    # and the AR stage's scheduler is patched to the V1 runner its worker forces.
     with zipfile.ZipFile(omni_wheel) as wheel:
         assert "OpenAIServingRender(" in wheel.read("vllm_omni/entrypoints/openai/api_server.py").decode()
-    assert list(serve["left_out"]) == (["serve_render_serving"] if serve["status"] != "will_not_start" else [])
-    assert not entrypoints["offline"]["left_out"] and not entrypoints["diffusion_stage"]["left_out"]
-    assert _decision(data, "serve_render_serving")["leaves_out"] in data["verdict"]["text"]
-    assert data["verdict"]["text"].count("Left out: ") == 1
+    render = _decision(data, "serve_render_serving")
+    assert render["action"] == "patched" and "OpenAIServingRender adapted" in render["reason"]
+    assert not render["leaves_out"] and not any(v["left_out"] for v in entrypoints.values())
+    assert "Left out: " not in data["verdict"]["text"]
+    assert _decision(data, "ar_scheduler_v1_runner")["action"] == "patched"
     assert data["verdict"]["kind"] == ("will_not_start" if stopped else "works_with_vllm_compat")
     assert code == (1 if stopped else 0) and ("WILL NOT START" in screen) == bool(stopped)
     assert data["import_drift"]["bridged"]["vllm.inputs.preprocess"] == "input_preprocessor"

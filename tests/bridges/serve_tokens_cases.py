@@ -131,8 +131,9 @@ def write_model(folder: Path) -> Path:
     return write(folder)
 
 
-def build_parts(folder: Path):
-    """(engine client, ``OpenAIServingModels``) on a real ``VllmConfig`` and renderer for ``folder``."""
+def build_parts(folder: Path, client_class: type | None = None):
+    """(engine client, ``OpenAIServingModels``) on a real ``VllmConfig`` and renderer for ``folder``; the client is
+    ``client_class`` (default: ``engine_client_class()``)."""
     from vllm.config import DeviceConfig, ModelConfig, VllmConfig
     from vllm.entrypoints.openai.models.protocol import BaseModelPath
     from vllm.entrypoints.openai.models.serving import OpenAIServingModels
@@ -140,7 +141,7 @@ def build_parts(folder: Path):
 
     model_config = ModelConfig(model=str(folder), tokenizer=str(folder), max_model_len=32)
     config = VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"))
-    client = engine_client_class()(config, renderer_from_config(config))
+    client = (client_class or engine_client_class())(config, renderer_from_config(config))
     models = OpenAIServingModels(engine_client=client, base_model_paths=[BaseModelPath(MODEL_NAME, str(folder))])
     return client, models
 
@@ -211,6 +212,21 @@ def old_render_serving(client, models):
                                chat_template_content_format="auto", trust_request_chat_template=False,
                                enable_auto_tools=False, exclude_tools_when_tool_choice_none=False, tool_parser=None,
                                reasoning_parser=None, default_chat_template_kwargs=None, log_error_stack=False)
+
+
+def old_fields_kept(old, new, path="") -> list[str]:
+    """Where ``new`` lacks a field of ``old`` or has another value: every key of every dict in ``old`` (lists
+    elementwise, the same length); fields only ``new`` has are vLLM's additions."""
+    if isinstance(old, dict):
+        if not isinstance(new, dict):
+            return [f"{path}: {new!r} is not an object"]
+        return [d for key, value in old.items() for d in (
+            old_fields_kept(value, new[key], f"{path}.{key}") if key in new else [f"{path}.{key} missing"])]
+    if isinstance(old, list):
+        if not isinstance(new, list) or len(old) != len(new):
+            return [f"{path}: {len(old)} items != {new!r}"]
+        return [d for i, (a, b) in enumerate(zip(old, new, strict=True)) for d in old_fields_kept(a, b, f"{path}[{i}]")]
+    return [] if old == new else [f"{path}: {old!r} != {new!r}"]
 
 
 if __name__ == "__main__":

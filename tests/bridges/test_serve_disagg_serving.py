@@ -28,6 +28,7 @@ import pytest
 from conftest import VLLM_VERSION, needs_startup_hook, needs_vllm, run_python
 from tests.bridges import serve_tokens_cases
 from tests.bridges.serve_stand_in_cases import cases
+from tests.bridges.serve_tokens_cases import old_fields_kept
 from vllm_compat.bridges import HostKind, installed_omni_tree
 from vllm_compat.bridges import serve_disagg_serving as bridge
 from vllm_compat.config import Controls
@@ -140,21 +141,6 @@ def test_init_shape_reads_the_new_def():
     assert bridge.init_shape(good.replace("online_renderer", "openai_serving_render"))[0] == "unknown"
     assert bridge.init_shape(good.replace("enable_log_outputs=False", "x=1"))[0] == "unknown"
     assert bridge.init_shape(None)[0] == "unknown"
-
-
-def old_fields_kept(old, new, path="") -> list[str]:
-    """Where ``new`` lacks a field of ``old`` or has another value: every key of every dict in ``old`` (lists
-    elementwise, the same length); fields only ``new`` has are vLLM's additions."""
-    if isinstance(old, dict):
-        if not isinstance(new, dict):
-            return [f"{path}: {new!r} is not an object"]
-        return [d for key, value in old.items() for d in (
-            old_fields_kept(value, new[key], f"{path}.{key}") if key in new else [f"{path}.{key} missing"])]
-    if isinstance(old, list):
-        if not isinstance(new, list) or len(old) != len(new):
-            return [f"{path}: {len(old)} items != {new!r}"]
-        return [d for i, (a, b) in enumerate(zip(old, new, strict=True)) for d in old_fields_kept(a, b, f"{path}[{i}]")]
-    return [] if old == new else [f"{path}: {old!r} != {new!r}"]
 
 
 def as_024_logprobs(value, top: int):

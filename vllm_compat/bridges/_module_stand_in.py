@@ -363,3 +363,57 @@ class ModuleStandIn(NameStandIn):
                 del sys.modules[name]
                 removed = True
         return withdraw(owner, self.target, self.id) or removed
+
+
+class ModuleAdapter(ModuleStandIn):
+    """A module stand-in whose one member ``adapted`` is an adapter class: vLLM's class of ``new_file`` taking the old
+    call, made by the drift-point module's PEP 562 ``__getattr__`` (``Moved``). Where that class is not the measured
+    shape (``shape``, read from its file), the member is a class whose construction raises ``message``: never a
+    refusal, as the import it serves is one every server depends on; the verdict names ``leaves_out_unknown``."""
+
+    adapted: str  # the old class name the module provides
+    new_module: str  # vLLM's module of the class it adapts
+    new_file: str
+    message: str  # why the raising class cannot serve, and what to do
+    leaves_out_unknown: str = ""  # what the raising class stops, for the report
+
+    def shape(self, source: str | None) -> tuple[str, str]:
+        """``(Shape, detail)`` of vLLM's class in its file (``source``, or None where it is missing)."""
+        raise NotImplementedError
+
+    def facts(self, host: str, omni_tree, read) -> ModuleStandInFacts:
+        facts = super().facts(host, omni_tree, read)
+        if facts.host not in (HostKind.LACKS, HostKind.UNKNOWN):
+            return facts
+        return ModuleStandInFacts(facts.host, facts.importers, *self.shape(read(self.new_file)))
+
+    def decide(self, facts, controls=None):
+        decision = super().decide(facts, controls)
+        if decision.action != Action.PATCHED:
+            return decision
+        if facts.replacement == Shape.KNOWN:
+            return dataclasses.replace(decision, reason=f"{decision.reason}; {self.adapted} adapted to vLLM's "
+                                                        f"{self.new_module}")
+        return dataclasses.replace(decision, leaves_out=self.leaves_out_unknown, reason=(
+            f"{decision.reason}; {self.adapted} raises: vLLM's {self.new_module} is not the measured shape "
+            f"({facts.detail})"))
+
+    def compare(self, static, runtime) -> list[str]:
+        differences = super().compare(static, runtime)
+        if HostKind.ABSENT not in (static.host, runtime.host) and static.replacement != runtime.replacement:
+            differences.append(f"vLLM's {self.new_module}: {static.replacement} (files) != {runtime.replacement} "
+                               f"(imported); {static.detail or runtime.detail}")
+        return differences
+
+    def members(self) -> dict:
+        shape, detail = self.shape(files_of_installed_vllm(self.new_file))
+        if shape == Shape.KNOWN:
+            return {self.adapted: Moved(type(self).__module__, self.adapted)}
+        return {self.adapted: removed_class(self.adapted, self.old_module, self.removed_message(
+            self.adapted, f"{self.message} ({detail})"))}
+
+
+def adapter_facts(host: str, importers: tuple[str, ...], known: bool = True) -> ModuleStandInFacts:
+    """Facts for a ``ModuleAdapter``'s decision table: ``host`` / ``importers``, vLLM's class the measured shape or
+    not."""
+    return ModuleStandInFacts(host, importers, Shape.KNOWN if known else Shape.UNKNOWN, "" if known else "(a test)")

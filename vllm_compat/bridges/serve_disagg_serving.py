@@ -22,8 +22,7 @@ signature) takes neither a keyword vLLM's ``serve_tokens`` passes and vLLM 0.24'
 passed it. Where vLLM's new ``__init__`` is not the measured shape (read from its file), ``ServingTokens`` is a class
 whose construction raises ``RemovedByVLLMError`` naming that (the import, and the pure-diffusion server, still work).
 A vLLM with the module keeps it.
-Serves: vllm-omni 0.24.0 on vLLM 0.25-0.34 (the class; its LLM-stage server first needs ``OpenAIServingRender``,
-whose stand-in ``serve_render_serving`` still raises).
+Serves: vllm-omni 0.24.0 on vLLM 0.25-0.34 (the class; measured against vLLM 0.24's on CPU).
 Retire when: the oldest supported vllm-omni no longer imports ``vllm.entrypoints.serve.disagg.serving``.
 
 What the client sees differs from vLLM 0.24 only where 0.24 was broken or had nothing: 0.24's non-streaming response
@@ -41,17 +40,7 @@ from __future__ import annotations
 
 import functools
 
-from ..decide import Action
-from . import HostKind
-from ._module_stand_in import (
-    ModuleStandIn,
-    ModuleStandInFacts,
-    Moved,
-    Shape,
-    files_of_installed_vllm,
-    init_fits,
-    removed_class,
-)
+from ._module_stand_in import ModuleAdapter, adapter_facts, init_fits, removed_class
 from ._module_stand_in import init_shape as module_init_shape
 
 OLD_MODULE = "vllm.entrypoints.serve.disagg.serving"
@@ -171,11 +160,6 @@ def serving_tokens_class() -> type:
     return ServingTokens
 
 
-def facts_for_table(host: str, importers: tuple[str, ...], known: bool = True) -> ModuleStandInFacts:
-    """Facts for a decision table: ``host`` / ``importers``, vLLM's new ``__init__`` the measured shape or not."""
-    return ModuleStandInFacts(host, importers, Shape.KNOWN if known else Shape.UNKNOWN, "" if known else "(a test)")
-
-
 def __getattr__(name: str):
     """``ServingTokens`` (PEP 562), read by the stand-in module's lazy member; nothing else."""
     if name == "ServingTokens":
@@ -183,43 +167,16 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class ServeDisaggServingAdapter(ModuleStandIn):
+class ServeDisaggServingAdapter(ModuleAdapter):
     importers = IMPORTERS
     removed_in = "0.25"
     old_module = OLD_MODULE
+    adapted = "ServingTokens"
+    new_module, new_file, message = NEW_MODULE, NEW_FILE, MESSAGE
 
-    def facts(self, host: str, omni_tree, read) -> ModuleStandInFacts:
-        """Every module stand-in's facts, with the shape of vLLM's new ``ServingTokens.__init__`` (``init_shape``)
-        where vLLM lacks the old module; a shape it does not know makes the class raise, never a refusal (the
-        import, on which every server depends, still works)."""
-        facts = super().facts(host, omni_tree, read)
-        if facts.host not in (HostKind.LACKS, HostKind.UNKNOWN):
-            return facts
-        return ModuleStandInFacts(facts.host, facts.importers, *init_shape(read(NEW_FILE)))
-
-    def decide(self, facts, controls=None):
-        decision = super().decide(facts, controls)
-        if decision.action == Action.PATCHED:
-            import dataclasses
-
-            how = (f"ServingTokens adapted to vLLM's {NEW_MODULE}" if facts.replacement == Shape.KNOWN else
-                   f"ServingTokens raises: vLLM's new one is not the measured shape ({facts.detail})")
-            decision = dataclasses.replace(decision, reason=f"{decision.reason}; {how}")
-        return decision
-
-    def compare(self, static, runtime) -> list[str]:
-        differences = super().compare(static, runtime)
-        if HostKind.ABSENT not in (static.host, runtime.host) and static.replacement != runtime.replacement:
-            differences.append(f"vLLM's ServingTokens.__init__: {static.replacement} (files) != "
-                               f"{runtime.replacement} (imported); {static.detail or runtime.detail}")
-        return differences
-
-    def members(self) -> dict:
-        shape, detail = init_shape(files_of_installed_vllm(NEW_FILE))
-        if shape == Shape.KNOWN:
-            return {"ServingTokens": Moved(__name__, "ServingTokens")}
-        return {"ServingTokens": removed_class("ServingTokens", OLD_MODULE, self.removed_message(
-            "ServingTokens", f"{MESSAGE} ({detail})"))}
+    def shape(self, source: str | None) -> tuple[str, str]:
+        return init_shape(source)
 
 
 DRIFT_POINT = ServeDisaggServingAdapter()
+facts_for_table = adapter_facts

@@ -14,7 +14,9 @@ subclass of vLLM's ``OnlineRenderer`` taking the old call (``model_registry`` ke
 ``OnlineRenderer.__init__`` is not the measured shape (read from its file), ``OpenAIServingRender`` is a class whose
 construction raises ``RemovedByVLLMError`` naming that: the import, and the pure-diffusion server, still work, and the
 verdict says what that leaves out. A vLLM with the module keeps it.
-Serves: vllm-omni 0.24.0 on vLLM 0.25-0.34 (``OnlineRenderer`` read from the 0.25.1, 0.31 and 0.34 wheels).
+Serves: vllm-omni 0.24.0 on vLLM 0.25-0.34 (``OnlineRenderer`` read from the 0.25.1, 0.31 and 0.34 wheels; on an
+H200 with vLLM 0.25.1, a one-AR-stage server answers chat and completion requests as the native pair does, with
+``openai_serving_render_keyword`` and ``ar_scheduler_v1_runner``: ``gpu/results.md``, "LLM stage").
 Retire when: the oldest supported vllm-omni no longer imports ``vllm.entrypoints.serve.render.serving``.
 
 Not restored: 0.24's ``render_chat_request`` / ``render_completion_request`` / ``derender_*`` (the ``/v1/*/render``
@@ -25,18 +27,7 @@ from __future__ import annotations
 
 import functools
 
-from ..decide import Action
-from . import HostKind
-from ._module_stand_in import (
-    ModuleStandIn,
-    ModuleStandInFacts,
-    Moved,
-    Shape,
-    files_of_installed_vllm,
-    init_fits,
-    init_shape,
-    removed_class,
-)
+from ._module_stand_in import ModuleAdapter, adapter_facts, init_fits, init_shape, removed_class
 
 OLD_MODULE = "vllm.entrypoints.serve.render.serving"
 NEW_MODULE = "vllm.renderers.online_renderer"
@@ -92,45 +83,16 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class ServeRenderServingAdapter(ModuleStandIn):
+class ServeRenderServingAdapter(ModuleAdapter):
     importers = IMPORTERS
     removed_in = "0.25"
     old_module = OLD_MODULE
+    adapted = "OpenAIServingRender"
+    new_module, new_file, message, leaves_out_unknown = NEW_MODULE, NEW_FILE, MESSAGE, LEAVES_OUT
 
-    def facts(self, host: str, omni_tree, read) -> ModuleStandInFacts:
-        """Every module stand-in's facts, with the shape of vLLM's ``OnlineRenderer.__init__`` where vLLM lacks the
-        old module; a shape it does not know makes the class raise, never a refusal (the import, on which every
-        server depends, still works)."""
-        facts = super().facts(host, omni_tree, read)
-        if facts.host not in (HostKind.LACKS, HostKind.UNKNOWN):
-            return facts
-        return ModuleStandInFacts(facts.host, facts.importers, *renderer_shape(read(NEW_FILE)))
-
-    def decide(self, facts, controls=None):
-        decision = super().decide(facts, controls)
-        if decision.action != Action.PATCHED:
-            return decision
-        import dataclasses
-
-        if facts.replacement == Shape.KNOWN:
-            return dataclasses.replace(decision, reason=f"{decision.reason}; OpenAIServingRender adapted to vLLM's "
-                                                        f"{NEW_MODULE}.OnlineRenderer")
-        return dataclasses.replace(decision, leaves_out=LEAVES_OUT, reason=f"{decision.reason}; OpenAIServingRender "
-                                   f"raises: vLLM's OnlineRenderer is not the measured shape ({facts.detail})")
-
-    def compare(self, static, runtime) -> list[str]:
-        differences = super().compare(static, runtime)
-        if HostKind.ABSENT not in (static.host, runtime.host) and static.replacement != runtime.replacement:
-            differences.append(f"vLLM's OnlineRenderer.__init__: {static.replacement} (files) != "
-                               f"{runtime.replacement} (imported); {static.detail or runtime.detail}")
-        return differences
-
-    def members(self) -> dict:
-        shape, detail = renderer_shape(files_of_installed_vllm(NEW_FILE))
-        if shape == Shape.KNOWN:
-            return {"OpenAIServingRender": Moved(__name__, "OpenAIServingRender")}
-        return {"OpenAIServingRender": removed_class("OpenAIServingRender", OLD_MODULE, self.removed_message(
-            "OpenAIServingRender", f"{MESSAGE} ({detail})"))}
+    def shape(self, source: str | None) -> tuple[str, str]:
+        return renderer_shape(source)
 
 
 DRIFT_POINT = ServeRenderServingAdapter()
+facts_for_table = adapter_facts

@@ -9,9 +9,9 @@ the V1 runner ("v2 model runner does not yet include omni hooks") while their sc
 agree or the two disagree about what the SchedulerOutput carries"). The patch does what 0.30.0 does, after the
 scheduler's own ``__init__``: ``use_v2_model_runner = False``.
 
-The facts, from files (the same at run time, from the installed trees): the worker file assigns
-``self.use_v2_model_runner = False``; no file of ``vllm_omni/core/sched/`` assigns it (0.30.0's does); vLLM's
-``Scheduler.__init__`` assigns it from the config.
+The facts, from files (the same at run time, from the installed trees): vLLM's ``Scheduler.__init__`` assigns the
+flag from the config, and the config says V2 for dense models by default (0.25+); the worker file assigns
+``self.use_v2_model_runner = False``; no file of ``vllm_omni/core/sched/`` assigns it (0.30.0's does).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from ._method import MethodPatch
 
 FLAG = "use_v2_model_runner"
 VLLM_SCHEDULER = "vllm/v1/core/sched/scheduler.py"
+VLLM_CONFIG = "vllm/config/vllm.py"
+DEFAULT_MODELS = "_is_default_v2_model_runner_model"  # vLLM <= 0.28's list of the models V2 is the default for
 OMNI_SCHEDULERS = "vllm_omni/core/sched"
 VARIANT = "v1_runner"
 
@@ -33,6 +35,7 @@ class Agreement:
     FOLLOWS_CONFIG = "follows_config"  # the worker forces V1, the scheduler follows vLLM's config: patched
     AGREES = "agrees"  # vllm-omni's scheduler sets the flag itself (0.30.0), or the worker does not force V1
     NO_FLAG = "no_flag"  # vLLM's Scheduler does not read the flag: nothing to agree on
+    V1_DEFAULT = "v1_default"  # vLLM's config keeps dense models on V1 (<= 0.24): they agree unless told otherwise
     UNKNOWN = "unknown"
 
 
@@ -58,12 +61,38 @@ def assigns_flag(source: str | None, value=None) -> bool:
     return False
 
 
+def _function(tree: ast.AST, name: str) -> ast.FunctionDef | None:
+    return next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def v2_default_for_dense_models(config_source: str | None) -> bool:
+    """Whether ``VllmConfig.use_v2_model_runner`` says V2 for a dense model by default: it does not ask
+    ``_is_default_v2_model_runner_model`` (vLLM 0.29+), or that asks ``not ... .is_moe`` (0.25-0.28); vLLM 0.24's
+    asks only for its listed architectures."""
+    if config_source is None:
+        return False
+    tree = ast.parse(config_source)
+    prop = _function(tree, FLAG)
+    if prop is None:
+        return False
+    asks = any(isinstance(n, ast.Attribute) and n.attr == DEFAULT_MODELS for n in ast.walk(prop))
+    if not asks:
+        return True
+    models = _function(tree, DEFAULT_MODELS)
+    return models is not None and any(
+        isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not) and isinstance(n.operand, ast.Attribute)
+        and n.operand.attr == "is_moe" for n in ast.walk(models))
+
+
 def classify(vllm_tree, omni_tree, worker_file: str, scheduler_file: str) -> RunnerAgreement:
     scheduler = omni_tree.read(scheduler_file)
     if scheduler is None or not vllm_tree.has_package("vllm"):
         return RunnerAgreement(Agreement.ABSENT, f"{scheduler_file} or vLLM is not installed")
     if not assigns_flag(vllm_tree.read(VLLM_SCHEDULER)):
         return RunnerAgreement(Agreement.NO_FLAG, f"vLLM's Scheduler does not read {FLAG}")
+    if not v2_default_for_dense_models(vllm_tree.read(VLLM_CONFIG)):
+        return RunnerAgreement(Agreement.V1_DEFAULT, "vLLM's config keeps dense models on the V1 runner, which "
+                               "vllm-omni's workers force")
     if not assigns_flag(omni_tree.read(worker_file), False):
         return RunnerAgreement(Agreement.AGREES, f"{worker_file} does not force the V1 runner")
     setters = [path for path in omni_tree.walk_py(OMNI_SCHEDULERS) if assigns_flag(omni_tree.read(path))]
