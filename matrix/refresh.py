@@ -97,7 +97,16 @@ def measure(vllm_wheel: Path, omni_wheel: Path | None, vllm: str, omni: str | No
         decisions = [d for _, _, d in plan(site, read_controls())]
         bridged = drift.with_bridges(provided_by_decisions(decisions), early=True)
         result["entrypoints"] = {status.id: status.status for status in bridged.statuses}
+        # The method patches besides the loader entry that act on this pair (each makes the verdict "with
+        # vllm_compat"); the key is left out where none does.
+        patched = sorted(entry.id for entry, _, d in plan(site, read_controls())
+                         if d.action == "patched" and entry.kind == "patch" and entry.id != "diffusers_loader_meta_device")
+        if patched:
+            result["patched"] = patched
     return result
+
+
+MEASURED_KEYS = ("unresolved", "worker_unresolved", "entrypoints", "patched")  # the lines rewrite() keeps measured
 
 
 def _toml_expect(expect: dict) -> str:
@@ -105,8 +114,7 @@ def _toml_expect(expect: dict) -> str:
 
 
 def rewrite(text: str, cell_id: str, measured: dict) -> str:
-    """Replace the cell's ``expect`` (and ``unresolved``, ``worker_unresolved``, ``entrypoints``) lines in place;
-    everything else is kept."""
+    """Replace the cell's ``expect`` (and ``MEASURED_KEYS``) lines in place; everything else is kept."""
     block = re.search(rf'\[\[cell\]\]\nid = "{re.escape(cell_id)}"\n(?:(?!\[\[cell\]\]).*\n?)*', text)
     if block is None:
         return text
@@ -115,7 +123,9 @@ def rewrite(text: str, cell_id: str, measured: dict) -> str:
     if current is None or tomllib.loads(current.group()).get("expect") != measured["expect"]:  # same: kept as written
         body = re.sub(r"^expect = .*$", f"expect = {_toml_expect(measured['expect'])}", body, flags=re.M)
     anchor = re.search(r"^expect = .*$", body, flags=re.M).group() + "\n"
-    for key in ("unresolved", "worker_unresolved", "entrypoints"):  # each goes after the one before
+    if "patched" not in measured:  # none acts (any more): no line
+        body = re.sub(r"^patched = .*\n", "", body, flags=re.M)
+    for key in MEASURED_KEYS:  # each goes after the one before
         if key not in measured:
             continue
         line = f"{key} = {json.dumps(measured[key])}" if key != "entrypoints" else f"{key} = {_toml_expect(measured[key])}"
@@ -455,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
                     measured = cache[key]
                     same = measured["expect"] == cell.get("expect") and all(
                         key not in measured or measured[key] == cell.get(key)
-                        for key in ("unresolved", "worker_unresolved", "entrypoints"))
+                        for key in ("unresolved", "worker_unresolved", "entrypoints")) and (
+                        measured.get("patched", []) == cell.get("patched", []) or not cell.get("vllm_omni"))
                     rows.append((cell["id"], measured, same))
                     if not same and args.write:
                         args.matrix.write_text(rewrite(args.matrix.read_text(), cell["id"], measured))

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import OMNI_VERSION, run_python
+from vllm_compat.catalogue import entry
 from vllm_compat.cli import main
 from vllm_compat.detect import wheels
 from vllm_compat.detect.wheels import CACHE_VAR, WheelError, cached_wheel, fetch_wheel
@@ -101,9 +102,13 @@ def test_check_agrees_with_the_matrix_cell(capsys, wheel_cache, cell):
     if "entrypoints" in cell:
         assert statuses == cell["entrypoints"]
     assert data["still_blocking"]["diffusion_stage"] == data["still_blocking"]["diffusion_worker"]
+    # The method patches besides the loader that act on this pair (matrix/vllm.toml `patched`, measured by refresh).
+    patched = sorted(p["name"] for p in data["patches"] if p["action"] == "patched" and p["name"] != LOADER_ENTRY
+                     and entry(p["name"]).kind == "patch")
+    assert patched == cell.get("patched", [])
     if still_import or still_worker or "will_not_start" in statuses.values():
         kind = "will_not_start"
-    elif expect["action"] == "patched" or bridged:
+    elif expect["action"] == "patched" or bridged or patched:
         kind = "works_with_vllm_compat"
     else:
         kind = "works_natively"
@@ -161,7 +166,7 @@ def test_screen_and_json_for_vllm_031_with_vllm_omni_024(capsys, wheel_cache, mo
         assert "OpenAIServingRender(" in wheel.read("vllm_omni/entrypoints/openai/api_server.py").decode()
     render = _decision(data, "serve_render_serving")
     assert render["action"] == "patched" and "OpenAIServingRender adapted" in render["reason"]
-    assert not render["leaves_out"] and not any(v["left_out"] for v in entrypoints.values())
+    assert not render.get("leaves_out") and not any(v["left_out"] for v in entrypoints.values())
     assert "Left out: " not in data["verdict"]["text"]
     assert _decision(data, "ar_scheduler_v1_runner")["action"] == "patched"
     assert data["verdict"]["kind"] == ("will_not_start" if stopped else "works_with_vllm_compat")

@@ -13,7 +13,11 @@ vllm-omni (roots read from its 0.22.0-0.30.0 wheels, where all of them exist):
   (``vllm_omni.entrypoints.cli.main``, whose ``main()`` imports vLLM's CLI helpers when it runs: vLLM 0.34 moved
   ``cli_env_setup``) and the API server module it runs (``vllm_omni.entrypoints.openai.api_server``);
 * ``diffusion_stage``: what a diffusion stage process imports beyond the package: the stage process, its engine
-  (vllm-omni 0.30.0's diffusion KV-cache setup is reached from the engine, not from the worker) and the worker.
+  (vllm-omni 0.30.0's diffusion KV-cache setup is reached from the engine, not from the worker) and the worker;
+* ``llm_stage``, a part of the offline API and the server: the workers of the LLM / AR and generation stages a
+  multi-stage model runs. A pure-diffusion model never imports them, so where they stop (vLLM 0.34 removed the V1
+  model runner they subclass) the offline API and the server still start, and the verdict names the stages as
+  left out.
 
 This module imports nothing: it is read by detection, reporting and the matrix.
 """
@@ -33,6 +37,9 @@ class Entrypoint:
     label: str
     roots: tuple[str, ...]
     scripts: tuple[str, ...] = ()
+    # the entrypoints this is a part of: not started on its own, so where it stops, those still start and it is
+    # what they leave out (the verdict's "Left out: ...")
+    part_of: tuple[str, ...] = ()
 
 
 ENTRYPOINTS: dict[str, tuple[Entrypoint, ...]] = {
@@ -45,6 +52,9 @@ ENTRYPOINTS: dict[str, tuple[Entrypoint, ...]] = {
         Entrypoint("diffusion_stage", "the diffusion stage",
                    ("vllm_omni.diffusion.stage_diffusion_proc", "vllm_omni.diffusion.diffusion_engine",
                     "vllm_omni.diffusion.worker.diffusion_worker")),
+        Entrypoint("llm_stage", "vllm-omni's LLM / AR stages (multi-stage pipelines such as Qwen2.5-Omni, TTS and "
+                   "audio models)", ("vllm_omni.worker.gpu_ar_worker", "vllm_omni.worker.gpu_generation_worker"),
+                   part_of=("offline", "serve")),
     ),
 }
 

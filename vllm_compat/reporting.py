@@ -197,7 +197,8 @@ class Report:
             return Verdict("works_with_vllm_compat", 0,
                            f"WORKS WITH vllm_compat: {'; '.join(details)}.{_left_out(started)}")
         if started:
-            return Verdict("works_natively", 0, f"WORKS NATIVELY: {details[0]}; nothing needs patching.")
+            return Verdict("works_natively", 0,
+                           f"WORKS NATIVELY: {details[0]}; nothing needs patching.{_left_out(started)}")
         return Verdict("works_natively", 0, "WORKS NATIVELY: nothing needs patching (or nothing is installed yet).")
 
 

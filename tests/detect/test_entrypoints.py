@@ -63,9 +63,11 @@ def _report(drift, provided=None, early=True, monkeypatch=None):
     return Report(mode="static", static=detect_static(), patches=[], _import_drift=drift, startup_hook=early)
 
 
-def test_the_table_names_vllm_omnis_three_ways_in():
+def test_the_table_names_vllm_omnis_three_ways_in_and_the_llm_stages_they_run():
     ids = [e.id for e in ENTRYPOINTS["vllm_omni"]]
-    assert ids == ["offline", "serve", "diffusion_stage"]
+    assert ids == ["offline", "serve", "diffusion_stage", "llm_stage"]
+    assert [e.id for e in ENTRYPOINTS["vllm_omni"] if not e.part_of] == ["offline", "serve", "diffusion_stage"]
+    assert ENTRYPOINTS["vllm_omni"][3].part_of == ("offline", "serve")
     serve = ENTRYPOINTS["vllm_omni"][1]
     assert serve.roots == ("vllm_omni.entrypoints.cli.main", "vllm_omni.entrypoints.openai.api_server")
 
@@ -264,3 +266,30 @@ def test_static_status_agrees_with_importing_the_roots(entrypoint):
         parts = [name.split(".") for name in status.missing]
         said = {p[-1] for p in parts} | {".".join(p[:i]) for p in parts for i in range(2, len(p) + 1)}
         assert any(f"'{s}'" in failure for s in said), (failure, status.missing)
+
+
+RUNNER = "vllm.v1.worker.gpu_model_runner"
+WORKERS = {"vllm_omni/worker/__init__.py": "",
+           "vllm_omni/worker/gpu_ar_worker.py": "from vllm_omni.worker.gpu_ar_model_runner import Runner\n",
+           "vllm_omni/worker/gpu_ar_model_runner.py": f"from {RUNNER} import GPUModelRunner as Runner\n"}
+
+
+def test_a_part_that_stops_is_left_out_of_the_entrypoints_it_is_part_of(tmp_path):
+    """The LLM / AR stage workers reach a removed module (vLLM 0.34's V1 runner): the offline API and the server
+    still start, each names the stages as left out, and the part has no status of its own; where the part
+    imports, nothing is said."""
+    files = dict(OMNI, **WORKERS, **{"vllm_omni/entrypoints/openai/api_server.py": "x = 1\n",
+                                      "vllm_omni/diffusion/worker/diffusion_worker.py": "x = 1\n"})
+    drift = check_import_drift(_tree(tmp_path / "omni", files), _tree(tmp_path / "host", HOST))
+    statuses = {s.id: s for s in drift.statuses}
+    assert sorted(statuses) == ["diffusion_stage", "offline", "serve"] and drift.starts
+    llm = ENTRYPOINTS["vllm_omni"][3]
+    why = f"{llm.label} do not start ({RUNNER} missing, no bridge in vllm_compat)"
+    assert statuses["offline"].left_out == statuses["serve"].left_out == (("llm_stage", why),)
+    assert statuses["diffusion_stage"].left_out == ()
+    verdict = _report(drift).verdict()
+    assert verdict.kind == "works_natively" and verdict.exit_code == 0  # nothing to patch; the stages are named
+    assert verdict.text.endswith(f"Left out: {why} (llm_stage).")
+    host = dict(HOST, **{"vllm/v1/worker/__init__.py": "", "vllm/v1/worker/gpu_model_runner.py": "GPUModelRunner = 1\n"})
+    kept = check_import_drift(_tree(tmp_path / "omni2", files), _tree(tmp_path / "host2", host))
+    assert all(s.left_out == () for s in kept.statuses) and "Left out" not in _report(kept).verdict().text

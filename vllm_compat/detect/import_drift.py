@@ -55,13 +55,14 @@ class UnresolvedImport:
 class EntrypointDrift:
     """The unresolved imports one entrypoint (``entrypoints.Entrypoint``) reaches from its roots."""
 
-    id: str  # "offline" | "serve" | "diffusion_stage"
+    id: str  # "offline" | "serve" | "diffusion_stage" | "llm_stage"
     label: str  # what the verdict calls it
     roots: tuple[str, ...]  # the entrypoint's roots this tree ships; () when it ships none (absent)
     blocking: tuple[UnresolvedImport, ...] = ()  # unresolved imports the roots reach, bridged or not
     # the other distributions' packages the roots reach through unguarded module-level imports (one record a
     # package, its first importer; reason "package not installed"): judged only where the env is the installed one
     packages: tuple[UnresolvedImport, ...] = ()
+    part_of: tuple[str, ...] = ()  # ``entrypoints.Entrypoint.part_of``
 
     @property
     def blocking_names(self) -> list[str]:
@@ -156,19 +157,33 @@ class ImportDrift:
 
     @property
     def statuses(self) -> tuple[EntrypointStatus, ...]:
-        """Each entrypoint's status once the bridges act (``EntrypointStatus``), in the table's order."""
-        found = []
+        """Each entrypoint's status once the bridges act (``EntrypointStatus``), in the table's order. A part
+        (``part_of``) has no status of its own: where it stops, each entrypoint it is part of leaves it out."""
+        found, parts_left_out = [], {}
         for e in self.entrypoints:
-            names = e.blocking_names
-            missing = tuple(n for n in names if not self.is_bridged_in_time(n))
-            bridged = tuple(n for n in names if self.is_bridged_in_time(n))
-            status = ("absent" if not e.roots else "will_not_start" if missing
-                      else "works_with_vllm_compat" if bridged else "works")
-            not_installed = tuple(sorted({u.module for u in e.blocking if u.reason == PACKAGE_NOT_INSTALLED}))
-            by = {self.bridged_by(n) for n in bridged}
-            left_out = tuple((entry, text) for entry, text in self.left_out if entry in by)
-            found.append(EntrypointStatus(e.id, e.label, status, e.roots, missing, bridged, not_installed, left_out))
-        return tuple(found)
+            status = self._status(e)
+            if not e.part_of:
+                found.append(status)
+            elif status.status == "will_not_start":
+                why = f"{e.label} do not start ({', '.join(status.missing)} missing, no bridge in vllm_compat)"
+                for parent in e.part_of:
+                    parts_left_out.setdefault(parent, []).append((e.id, why))
+            else:  # it starts, and leaves out what its bridges leave out
+                for parent in e.part_of:
+                    parts_left_out.setdefault(parent, []).extend(status.left_out)
+        return tuple(dataclasses.replace(st, left_out=st.left_out + tuple(parts_left_out.get(st.id, ())))
+                     for st in found)
+
+    def _status(self, e: EntrypointDrift) -> EntrypointStatus:
+        names = e.blocking_names
+        missing = tuple(n for n in names if not self.is_bridged_in_time(n))
+        bridged = tuple(n for n in names if self.is_bridged_in_time(n))
+        status = ("absent" if not e.roots else "will_not_start" if missing
+                  else "works_with_vllm_compat" if bridged else "works")
+        not_installed = tuple(sorted({u.module for u in e.blocking if u.reason == PACKAGE_NOT_INSTALLED}))
+        by = {self.bridged_by(n) for n in bridged}
+        left_out = tuple((entry, text) for entry, text in self.left_out if entry in by)
+        return EntrypointStatus(e.id, e.label, status, e.roots, missing, bridged, not_installed, left_out)
 
     @property
     def starts(self) -> bool:
@@ -320,7 +335,8 @@ def check_import_drift(plugin_tree: SourceTree, host_tree: SourceTree, plugin: s
         packages = tuple(UnresolvedImport(importer, line, package, None, PACKAGE_NOT_INSTALLED)
                          for package, (importer, line) in graph.packages_needed(plugin_tree, reach).items())
         entrypoints.append(EntrypointDrift(entrypoint.id, entrypoint.label, roots,
-                                           tuple(u for u in unresolved if u.importer in reach), packages))
+                                           tuple(u for u in unresolved if u.importer in reach), packages,
+                                           entrypoint.part_of))
     return ImportDrift(plugin=plugin, files=len(graph.modules), checked=checked, unknown=unknown,
                        unresolved=tuple(unresolved),
                        blocking=tuple(u for u in unresolved if u.importer in package_reach),
