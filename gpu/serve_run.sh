@@ -7,11 +7,11 @@
 #   bash gpu/serve_run.sh llm             a tiny Qwen2 LM as one LLM stage (gpu/llm_stage.yaml: without it vllm-omni
 #                                         0.24.0 looks a plain LM up as a diffusion model), greedy chat and completion
 #                                         requests: native 0.24.0, then vllm_compat on 0.25.1 (gpu/results.md, "LLM
-#                                         stage": serve_r4 ran commit 1015f58's experimental adapters; at later
-#                                         commits the compat run stops at startup, at serve_render_serving)
+#                                         stage": serve_r5 ran main's bridges, serve_r4 commit 1015f58's first try)
+#   bash gpu/serve_run.sh llm_noscheduler the llm phase's vllm_compat run with ar_scheduler_v1_runner left out
 #   bash gpu/serve_run.sh llm_sync        the llm phase's vllm_compat run, the stage's async scheduling off
-#   bash gpu/serve_run.sh llm_v1          the llm phase's vllm_compat run, VLLM_USE_V2_MODEL_RUNNER=0 (not run yet: the device
-#                                         time of 2026-12-03 was spent; gpu/results.md, "LLM stage", says why)
+#   bash gpu/serve_run.sh llm_v1          the llm phase's vllm_compat run, VLLM_USE_V2_MODEL_RUNNER=0 (not run: the
+#                                         scheduler patch, measured in serve_r5, is the bridge)
 #   bash gpu/serve_run.sh diag            DIAGNOSTIC: vllm_compat + gpu/serve_diag_reuse_port.py, 0.25.1 and 0.25.1 fp8
 #                                         (DIAG_ONLY_NOLOADER=1: 0.25.1 fp8 with the loader patch left out, only)
 # Each phase writes $OUT/serve_<run>.json after each run, $OUT/serve_<phase>_logs.tar.gz (server logs, PNGs,

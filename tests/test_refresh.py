@@ -169,3 +169,12 @@ def test_rewrite_replaces_a_cells_measured_lines_and_nothing_else():
     assert a == {"id": "a", "vllm": "0.1.0", "why": "x", "expect": {"level": "new"}, "unresolved": ["vllm.x.y"],
                  "worker_unresolved": []}
     assert b == {"id": "b", "vllm": "0.2.0", "expect": {"level": "keep"}}
+
+
+def test_rewrite_writes_the_acting_patches_and_drops_the_line_where_none_acts():
+    text = '[[cell]]\nid = "a"\nvllm = "0.1.0"\nvllm_omni = "0.1.0"\nexpect = { level = "x" }\nunresolved = []\n'
+    measured = {"expect": {"level": "x"}, "unresolved": [], "patched": ["p1", "p2"]}
+    written = refresh.rewrite(text, "a", measured)
+    assert tomllib.loads(written)["cell"][0]["patched"] == ["p1", "p2"]
+    dropped = refresh.rewrite(written, "a", {"expect": {"level": "x"}, "unresolved": []})
+    assert "patched" not in tomllib.loads(dropped)["cell"][0] and dropped == text

@@ -235,7 +235,7 @@ def test_static_status_agrees_with_importing_the_roots(entrypoint):
     if VLLM_VERSION is None or OMNI_VERSION is None:
         pytest.skip("needs vLLM and vllm-omni installed (any versions)")
     drift = report().import_drift
-    status = next(s for s in drift.statuses if s.id == entrypoint)
+    status = next(s for s in drift.statuses + drift.part_statuses if s.id == entrypoint)
     if status.status == "absent":
         pytest.skip(f"vllm-omni {OMNI_VERSION} ships none of the {entrypoint} roots")
     lacking = [name for name in ("torchvision", "torchaudio") if importlib.util.find_spec(name) is None]

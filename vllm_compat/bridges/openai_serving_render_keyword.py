@@ -5,15 +5,18 @@ Why: vLLM 0.25 renamed the render parameter of its OpenAI servings (``OpenAIServ
 the attribute they keep it in likewise. vllm-omni 0.24.0's LLM-stage branch of ``omni_init_app_state`` constructs
 them (its ``OmniOpenAIServingChat`` subclasses vLLM's chat serving) with ``openai_serving_render=...``, so a server
 with an LLM stage dies at startup with ``TypeError: ... unexpected keyword argument 'openai_serving_render'``, and
-vllm-omni's chat serving reads ``self.openai_serving_render`` on every request. The render object itself is
-``serve_render_serving``'s.
+vllm-omni's chat serving reads ``self.openai_serving_render`` on every request, and ``self.tool_call_id_type``,
+which vLLM 0.24's chat serving set in ``__init__`` and 0.25's no longer does (a 500 on every chat request, measured).
+The render object itself is ``serve_render_serving``'s.
 When: every one of those vLLM classes takes ``online_renderer`` and none takes ``openai_serving_render`` (read from
 vLLM's files; at run time, each class's live signature), and the installed vllm-omni's ``api_server.py`` passes
 ``openai_serving_render=`` (read with ``ast``): each name vllm-omni calls that way is rebound, in vllm-omni's module
 only, to a subclass of the same name that passes the keyword on as ``online_renderer=`` and keeps vLLM 0.24's
-``openai_serving_render`` attribute. vLLM's classes and its own callers are untouched. Where they still take
+``openai_serving_render`` attribute (a chat serving also ``tool_call_id_type``, from vLLM's own
+``get_tool_call_id_type``). vLLM's classes and its own callers are untouched. Where they still take
 ``openai_serving_render`` (vLLM 0.24) it stays out.
-Serves: vllm-omni 0.24.0 on vLLM 0.25-0.34 (the parameters read from the 0.24.0, 0.25.1, 0.31 and 0.34 wheels).
+Serves: vllm-omni 0.24.0 on vLLM 0.25-0.34 (read from the 0.24.0, 0.25.1, 0.31 and 0.34 wheels; measured on an H200
+with 0.25.1, and on CPU against vLLM 0.24.0's record of chat and completion requests).
 Retire when: the oldest supported vllm-omni passes ``online_renderer=``.
 """
 

@@ -174,6 +174,11 @@ class ImportDrift:
         return tuple(dataclasses.replace(st, left_out=st.left_out + tuple(parts_left_out.get(st.id, ())))
                      for st in found)
 
+    @property
+    def part_statuses(self) -> tuple[EntrypointStatus, ...]:
+        """The parts' own statuses (what ``statuses`` folds into the entrypoints they are part of)."""
+        return tuple(self._status(e) for e in self.entrypoints if e.part_of)
+
     def _status(self, e: EntrypointDrift) -> EntrypointStatus:
         names = e.blocking_names
         missing = tuple(n for n in names if not self.is_bridged_in_time(n))
