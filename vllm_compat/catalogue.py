@@ -80,6 +80,8 @@ CATALOGUE: tuple[Entry, ...] = (
           "OmniARScheduler.__init__"),
     Entry("generation_scheduler_v1_runner", "patch", _P + "generation_scheduler_v1_runner",
           "vllm_omni.core.sched.omni_generation_scheduler", "OmniGenerationScheduler.__init__"),
+    Entry("scheduler_skipped_waiting", "stand-in", _B + "scheduler_skipped_waiting",
+          "vllm_omni.core.sched.omni_scheduler_mixin", "OmniSchedulerMixin.skipped_waiting"),
     Entry("routed_experts_lists", "stand-in", _B + "routed_experts_lists", "vllm.v1.outputs", "RoutedExpertsLists"),
     Entry("input_preprocessor", "stand-in", _B + "input_preprocessor", "vllm.inputs", "preprocess"),
     Entry("engine_startup_launch", "adapter", _B + "engine_startup_adapter", "vllm_omni.diffusion.stage_diffusion_proc",
@@ -102,6 +104,8 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry("v1_block_table", "stand-in", _B + "v1_block_table", "vllm.v1.worker", "block_table"),
     Entry("v1_sampling_metadata", "stand-in", _B + "v1_sampling_metadata", "vllm.v1.sample", "metadata"),
     Entry("v1_sampler", "stand-in", _B + "v1_sampler", "vllm.v1.sample", "sampler"),
+    Entry("residual_scattered_for_sp", "stand-in", _B + "residual_scattered_for_sp", "vllm.v1.worker.utils",
+          "is_residual_scattered_for_sp"),
     Entry("error_response_engine_text", "adapter", _B + "error_response_adapter", "vllm.entrypoints.serve.utils",
           "error_response"),
     # vllm-omni 0.24.0's server (`vllm serve --omni`) on vLLM 0.25+ (issue 24, helper H6)

@@ -1,9 +1,11 @@
-"""Builds one of vllm-omni's own schedulers (``OmniARScheduler`` / ``OmniGenerationScheduler``) on CPU for a tiny dense model the script writes, with
-vLLM's config saying Model Runner V2 (``VLLM_USE_V2_MODEL_RUNNER=1``, set once the config is built: what vLLM 0.25+
-says for dense models on a GPU with Triton; on this CPU the config's validation would refuse V2 for want of Triton), schedules one request twice and prints, as JSON, what the V1 runner that vllm-omni's worker forces
-relies on: the scheduler's runner flag, the V1 bookkeeping of the requests scheduled last step (from which the
-scheduler sends a resumed request's ``all_token_ids``) and whether a new request's data is V2's (with its prefill
-token ids). Run by ``tests/patches/test_scheduler_v1_runner.py``.
+"""Builds one of vllm-omni's own schedulers (``OmniARScheduler`` / ``OmniGenerationScheduler``) on CPU for a tiny
+dense model the script writes, with vLLM's config saying Model Runner V2 (``VLLM_USE_V2_MODEL_RUNNER=1``, set once the
+config is built: what vLLM 0.25+ says for dense models on a GPU with Triton; on this CPU the config's validation would
+refuse V2 for want of Triton), schedules one request and prints, as JSON, what vllm-omni relies on: the scheduler's
+runner flag, the V1 bookkeeping of the requests scheduled last step (from which the scheduler sends a resumed
+request's ``all_token_ids``), whether a new request's data is V2's (with its prefill token ids), and vLLM <= 0.30's
+``skipped_waiting`` queue, which vllm-omni's schedulers read (or the ``AttributeError`` of reading it and of
+scheduling). Run by ``tests/patches/test_scheduler_v1_runner.py`` and ``tests/bridges/test_scheduler_skipped_waiting.py``.
 
     python _scheduler_runner_worker.py MODEL_DIR {ar|generation}
 """
@@ -59,8 +61,17 @@ def main(model_dir: str, which: str) -> None:
     request = Request(request_id="r0", prompt_token_ids=list(range(8)), sampling_params=SamplingParams(max_tokens=4),
                       pooling_params=None)
     scheduler.add_request(request)
-    first = scheduler.schedule()
+    try:
+        waiting = [r.request_id for r in scheduler.skipped_waiting]  # vLLM <= 0.30's queue, which vllm-omni reads
+    except AttributeError as exc:
+        waiting = f"AttributeError: {exc}"
+    try:
+        first = scheduler.schedule()
+    except AttributeError as exc:  # the one failure the tests expect: a name vLLM removed
+        print(json.dumps({"skipped_waiting": waiting, "schedule_error": f"AttributeError: {exc}"}))
+        return
     print(json.dumps({
+        "skipped_waiting": waiting,
         "wrapped": is_ours(vars(scheduler_class)["__init__"]),
         "config_says_v2": bool(config.use_v2_model_runner),
         "scheduler_v2": bool(scheduler.use_v2_model_runner),
