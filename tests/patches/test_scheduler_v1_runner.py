@@ -31,7 +31,7 @@ BOTH_OFF = {"VLLM_COMPAT_DISABLE_PATCHES": ",".join(point.id for point in POINTS
 @pytest.mark.parametrize(("kind", "action"), [
     (Agreement.FOLLOWS_CONFIG, Action.PATCHED), (Agreement.AGREES, Action.SKIPPED),
     (Agreement.NO_FLAG, Action.SKIPPED), (Agreement.V1_DEFAULT, Action.SKIPPED),
-    (Agreement.ABSENT, Action.PENDING), (Agreement.UNKNOWN, Action.REFUSED),
+    (Agreement.ABSENT, Action.PENDING),
 ])
 @pytest.mark.parametrize("which", POINTS)
 def test_decision_table(which, kind, action):

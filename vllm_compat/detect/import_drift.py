@@ -165,7 +165,10 @@ class ImportDrift:
             if not e.part_of:
                 found.append(status)
             elif status.status == "will_not_start":
-                why = f"{e.label} do not start ({', '.join(status.missing)} missing, no bridge in vllm_compat)"
+                why = "; ".join(([f"{', '.join(status.not_installed)} not installed here"] if status.not_installed
+                                 else []) + ([f"{', '.join(status.missing_in_vllm)} missing, no bridge in vllm_compat"]
+                                             if status.missing_in_vllm else []))
+                why = f"{e.label} do not start ({why})"
                 for parent in e.part_of:
                     parts_left_out.setdefault(parent, []).append((e.id, why))
             else:  # it starts, and leaves out what its bridges leave out

@@ -36,7 +36,6 @@ class Agreement:
     AGREES = "agrees"  # vllm-omni's scheduler sets the flag itself (0.30.0), or the worker does not force V1
     NO_FLAG = "no_flag"  # vLLM's Scheduler does not read the flag: nothing to agree on
     V1_DEFAULT = "v1_default"  # vLLM's config keeps dense models on V1 (<= 0.24): they agree unless told otherwise
-    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True)
@@ -135,8 +134,6 @@ class SchedulerRunnerPatch(MethodPatch):
             return self.decision(Action.PATCHED, f"{facts.detail}: it schedules for the V1 runner, as vllm-omni "
                                  "0.30.0's do (with vLLM's default V2, the V1 runner fails on the first requests)",
                                  VARIANT)
-        if facts.kind == Agreement.UNKNOWN:
-            return self.refused(facts.detail)
         return self.decision(Action.SKIPPED, facts.detail)
 
     def install(self, owner, decision: Decision, state) -> bool:
