@@ -84,6 +84,9 @@ class SkippedWaiting:
         scheduler.__dict__[SLOT] = queue
 
 
+STAND_IN = SkippedWaiting()  # one object, so a revert and a second apply put back the same one
+
+
 class SchedulerSkippedWaiting(DriftPoint):
     def detect_static(self, site) -> SkippedWaitingFacts:
         return facts_of(site.vllm_tree, site.omni_tree)
@@ -113,7 +116,7 @@ class SchedulerSkippedWaiting(DriftPoint):
         return vars(owner).get(NAME) if owner is not None else None
 
     def install(self, owner, decision, state) -> bool:
-        return provide(owner, NAME, SkippedWaiting(), self.id)
+        return provide(owner, NAME, STAND_IN, self.id)
 
     def uninstall(self, owner) -> bool:
         return withdraw(owner, NAME, self.id)
