@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import OMNI_VERSION, run_python
+from tests.support.wheels import wheel_or_skip
 from vllm_compat.catalogue import entry
 from vllm_compat.cli import main
 from vllm_compat.detect import wheels
@@ -57,15 +58,6 @@ def wheel_cache(tmp_path_factory):
             shutil.rmtree(directory, ignore_errors=True)  # up to ~3 GB: never left in pytest's kept tmp dirs
 
 
-def _fetch(distribution: str, version: str) -> Path:
-    try:
-        return fetch_wheel(distribution, version)[0]
-    except WheelError as exc:
-        if exc.kind in ("no_network", "no_wheel", "no_pip"):
-            pytest.skip(f"cannot fetch {distribution}=={version}: {exc}")
-        raise
-
-
 def _check(capsys, *args) -> tuple[int, dict]:
     code = main(["check", "--json", *map(str, args)])
     return code, json.loads(capsys.readouterr().out)
@@ -81,7 +73,7 @@ def _decision(data: dict, name: str = LOADER_ENTRY) -> dict:
 @sweep_here
 @pytest.mark.parametrize("cell", SWEEP, ids=[c["id"] for c in SWEEP])
 def test_check_agrees_with_the_matrix_cell(capsys, wheel_cache, cell):
-    _fetch("vllm", cell["vllm"])  # a skip, not a usage error, when the index is unreachable
+    wheel_or_skip("vllm", cell["vllm"])  # a skip, not a usage error, when the index is unreachable
     code, data = _check(capsys, f"vllm=={cell['vllm']}", f"vllm-omni=={cell['vllm_omni']}")
     expect = cell["expect"]
     assert data["inputs"]["vllm"]["version"] == cell["vllm"] and data["inputs"]["vllm"]["source"] == "cache"
@@ -118,12 +110,12 @@ def test_check_agrees_with_the_matrix_cell(capsys, wheel_cache, cell):
 
 @sweep_here
 def test_newest_vllm_against_a_given_vllm_omni(capsys, wheel_cache):
-    omni = _fetch("vllm-omni", "0.24.0")
+    omni = wheel_or_skip("vllm-omni", "0.24.0")
     try:
         newest = wheels.newest_version("vllm")
     except WheelError as exc:
         pytest.skip(f"the index cannot name the newest vLLM: {exc}")
-    _fetch("vllm", newest)
+    wheel_or_skip("vllm", newest)
     code, data = _check(capsys, "--newest", omni)
     assert data["inputs"]["vllm"]["version"] == newest and data["vllm_omni"]["version"] == "0.24.0"
     assert code == data["exit_code"] in (0, 1) and data["verdict"]["kind"]
@@ -133,8 +125,8 @@ def test_newest_vllm_against_a_given_vllm_omni(capsys, wheel_cache):
 
 
 def test_screen_and_json_for_vllm_031_with_vllm_omni_024(capsys, wheel_cache, monkeypatch):
-    _fetch("vllm", "0.31.0")
-    omni_wheel = _fetch("vllm-omni", "0.24.0")
+    wheel_or_skip("vllm", "0.31.0")
+    omni_wheel = wheel_or_skip("vllm-omni", "0.24.0")
     # RoutedExpertsLists stops `import vllm_omni` and vllm.inputs.preprocess the diffusion worker unless a bridge
     # provides them; with the input_preprocessor bridge off, the worker does not start.
     monkeypatch.setenv("VLLM_COMPAT_DISABLE_PATCHES", "input_preprocessor")
@@ -180,7 +172,7 @@ def test_screen_and_json_for_vllm_031_with_vllm_omni_024(capsys, wheel_cache, mo
 
 
 def test_wheel_paths_work_offline_and_without_pip(capsys, wheel_cache, monkeypatch):
-    vllm_wheel, omni_wheel = _fetch("vllm", "0.31.0"), _fetch("vllm-omni", "0.30.0")
+    vllm_wheel, omni_wheel = wheel_or_skip("vllm", "0.31.0"), wheel_or_skip("vllm-omni", "0.30.0")
 
     def no_pip():
         raise AssertionError("a cached wheel or a path must not call pip")
@@ -195,7 +187,7 @@ def test_wheel_paths_work_offline_and_without_pip(capsys, wheel_cache, monkeypat
 
 
 def test_installed_vllm_omni_is_the_default(capsys, wheel_cache):
-    _fetch("vllm", "0.31.0")
+    wheel_or_skip("vllm", "0.31.0")
     code = main(["check", "--json", "vllm==0.31.0"])
     captured = capsys.readouterr()
     if OMNI_VERSION is None:
@@ -206,7 +198,7 @@ def test_installed_vllm_omni_is_the_default(capsys, wheel_cache):
 
 
 def test_the_check_imports_no_vllm_vllm_omni_or_torch(wheel_cache):
-    vllm_wheel, omni_wheel = _fetch("vllm", "0.31.0"), _fetch("vllm-omni", "0.24.0")
+    vllm_wheel, omni_wheel = wheel_or_skip("vllm", "0.31.0"), wheel_or_skip("vllm-omni", "0.24.0")
     result = run_python(
         f"""
         import sys
@@ -247,7 +239,7 @@ def test_cache_location(monkeypatch, tmp_path):
 
 def test_concurrent_fetches_leave_one_whole_wheel(tmp_path, wheel_cache):
     if cached_wheel("vllm-omni", "0.24.0", wheel_cache) is None:
-        _fetch("vllm-omni", "0.24.0")  # skips when offline
+        wheel_or_skip("vllm-omni", "0.24.0")  # skips when offline
     results, errors = [], []
 
     def fetch():

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import needs_startup_hook, needs_vllm, run_python
 from tests.bridges import name_stand_in_cases as cases
+from tests.support.wheels import wheel_or_skip
 from vllm_compat.bridges import HostKind
 from vllm_compat.bridges import residual_scattered_for_sp as bridge
 from vllm_compat.detect.static import StaticSite
@@ -50,12 +51,8 @@ RAISES = {"sp-split-graph": (config(True, 2, splitting_ops=["attn"]), 8), "sp-un
 def oracle():
     """vLLM 0.31.0's own ``is_residual_scattered_for_sp``, compiled from the cached wheel (never from the stand-in)."""
     from vllm_compat.detect.source_tree import SourceTree
-    from vllm_compat.detect.wheels import cache_dir, cached_wheel
 
-    wheel = cached_wheel("vllm", "0.31.0", cache_dir())
-    if wheel is None:
-        pytest.skip(f"vLLM 0.31.0's wheel is not in {cache_dir()} (`vllm-compat check vllm==0.31.0` fetches it)")
-    source = SourceTree(wheel).read("vllm/v1/worker/utils.py")
+    source = SourceTree(wheel_or_skip("vllm", "0.31.0")).read("vllm/v1/worker/utils.py")
     node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == bridge.NAME)
     node.args.args[0].annotation = None  # VllmConfig lives in the rest of the file
     namespace: dict = {}
