@@ -1,12 +1,17 @@
 """What every name stand-in's tests check (tests/bridges/test_fp8_copy_missing_attrs.py, test_routed_experts_lists.py,
 test_multimodal_processing_info.py, test_history_tool_calls_cnt.py, and the function stand-ins'
 test_engine_zmq_addresses.py and test_kv_cache_configs.py call these with their bridge): the decision table and the
-two detections agreeing, install / uninstall exact, and staying out where vLLM defines the name, on the real wheels."""
+two detections agreeing, install / uninstall exact, and staying out where vLLM defines the name, on the real wheels;
+test_history_tool_calls_cnt.py and test_residual_scattered_for_sp.py also run vllm-omni's own import statement,
+unpatched and through the startup hook)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from conftest import run_python
 from tests.bridges.module_stand_in_cases import check_static_and_runtime_agree  # noqa: F401 - the same check
 from vllm_compat.bridges import HostKind, StandInFacts, is_ours
 from vllm_compat.bridges._name_stand_in import FunctionStandInFacts, Shape
@@ -82,3 +87,42 @@ def check_stays_out_where_vllm_defines_it(point, module):
         point.prepare(module, point.detect_runtime(module))
     assert point.uninstall(module) is False and vars(module)[point.name] is own
     return own
+
+
+def check_unpatched_import_fails(point, omni_import: str, name: str):
+    """Without this stand-in (the other bridges on), vllm-omni's import statement dies with the real ImportError."""
+    result = run_python(f"""
+        try:
+            {omni_import}
+        except ImportError as exc:
+            print("IMPORT-ERROR", exc)
+        else:
+            print("IMPORTED")
+        """, env={"VLLM_COMPAT_DISABLE_PATCHES": point.entry.id}, warm=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"IMPORT-ERROR cannot import name '{name}' from " in result.stdout, result.stdout[-2000:]
+
+
+def import_through_the_hook_and_revert(point, omni_import: str, name: str, also: str = "") -> dict:
+    """vllm-omni's import statement through the startup hook, then ``vllm_compat.revert()``: the stand-in's mark,
+    the decision, what revert removed from and added to vLLM's module, and ``also`` (code setting more keys of
+    ``out``, run while the stand-in is in place). The stand-in must be marked ours, patched, and removed exactly."""
+    result = run_python(f"""
+        import json, sys
+        {omni_import}
+        import vllm_compat
+        module = sys.modules["{point.entry.target_module}"]
+        out = dict(mark=getattr({name}, "_vllm_compat_installed", None),
+                   decision=[d.action for d in vllm_compat.current_decisions() if d.name == "{point.entry.id}"])
+        {also}
+        before = set(vars(module))
+        vllm_compat.revert()
+        out["removed"] = sorted(n for n in before - set(vars(module)) if not n.startswith("__"))
+        out["added"] = sorted(set(vars(module)) - before)
+        print("RESULT", json.dumps(out))
+        """, warm=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.split("RESULT ", 1)[1])
+    assert out["mark"] == point.entry.id and out["decision"] == ["patched"]
+    assert out["removed"] == [name] and out["added"] == []
+    return out

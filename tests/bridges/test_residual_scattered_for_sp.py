@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import ast
 import importlib
-import json
 from types import SimpleNamespace
 
 import pytest
 
-from conftest import needs_startup_hook, needs_vllm, run_python
+from conftest import needs_startup_hook, needs_vllm
 from tests.bridges import name_stand_in_cases as cases
 from tests.support.wheels import wheel_or_skip
 from vllm_compat.bridges import HostKind
@@ -100,38 +99,13 @@ def test_static_and_runtime_facts_agree():
 @needs_missing_name
 def test_unpatched_import_fails_with_the_real_import_error():
     """Without the stand-in (the other bridges on), vllm-omni's import statement dies on vLLM 0.32+."""
-    result = run_python(f"""
-        try:
-            {OMNI_IMPORT}
-        except ImportError as exc:
-            print("IMPORT-ERROR", exc)
-        else:
-            print("IMPORTED")
-        """, env={"VLLM_COMPAT_DISABLE_PATCHES": POINT.entry.id}, warm=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"IMPORT-ERROR cannot import name '{bridge.NAME}' from " in result.stdout, result.stdout[-2000:]
+    cases.check_unpatched_import_fails(POINT, OMNI_IMPORT, bridge.NAME)
 
 
 @needs_missing_name
 @needs_startup_hook
 def test_import_works_with_the_stand_in_and_revert_removes_exactly_it():
-    result = run_python(f"""
-        import json, sys
-        {OMNI_IMPORT}
-        import vllm_compat
-        module = sys.modules["{POINT.entry.target_module}"]
-        out = dict(mark=getattr({bridge.NAME}, "_vllm_compat_installed", None),
-                   decision=[d.action for d in vllm_compat.current_decisions() if d.name == "{POINT.entry.id}"])
-        before = set(vars(module))
-        vllm_compat.revert()
-        out["removed"] = sorted(n for n in before - set(vars(module)) if not n.startswith("__"))
-        out["added"] = sorted(set(vars(module)) - before)
-        print("RESULT", json.dumps(out))
-        """, warm=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.split("RESULT ", 1)[1])
-    assert out["mark"] == POINT.entry.id and out["decision"] == ["patched"]
-    assert out["removed"] == [bridge.NAME] and out["added"] == []
+    cases.import_through_the_hook_and_revert(POINT, OMNI_IMPORT, bridge.NAME)
 
 
 @needs_missing_name

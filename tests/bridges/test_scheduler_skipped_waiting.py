@@ -9,13 +9,12 @@ version as read from the wheels; the decision table; revert.
 from __future__ import annotations
 
 import importlib
-import json
-from pathlib import Path
 
 import pytest
 from packaging.version import Version
 
-from conftest import OMNI_VERSION, VLLM_VERSION, needs_omni, run_python
+from conftest import OMNI_VERSION, VLLM_VERSION, needs_omni
+from tests.patches._scheduler_runner_worker import run as run_scheduler
 from vllm_compat.bridges import scheduler_skipped_waiting as bridge
 from vllm_compat.config import Controls
 from vllm_compat.decide import Action
@@ -23,7 +22,6 @@ from vllm_compat.detect.static import StaticSite
 
 POINT = bridge.DRIFT_POINT
 STATIC = POINT.detect_static(StaticSite.installed())
-WORKER = Path(__file__).resolve().parents[1] / "patches" / "_scheduler_runner_worker.py"
 K = bridge.Kind
 
 
@@ -54,22 +52,15 @@ def test_facts_are_what_the_wheels_say_and_agree_at_run_time():
     assert POINT.detect_runtime(importlib.import_module(POINT.target_module)) == STATIC
 
 
-def _run(which: str, tmp_path: Path, env: dict | None = None) -> dict:
-    done = run_python(f"import runpy, sys; sys.argv = ['w', {str(tmp_path / 'lm')!r}, {which!r}]; "
-                      f"runpy.run_path({str(WORKER)!r}, run_name='__main__')", env=env, warm=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @needs_omni
 @pytest.mark.skipif(STATIC.host != K.LACKS, reason=f"needs vLLM 0.31+ (no Scheduler.skipped_waiting); here {STATIC}")
 @pytest.mark.parametrize("which", ["ar", "generation"])
 def test_vllm_omnis_schedulers_find_the_queue_they_read(which, tmp_path):
-    unpatched = _run(which, tmp_path, {"VLLM_COMPAT_DISABLE_PATCHES": POINT.id})
+    unpatched = run_scheduler(which, tmp_path, {"VLLM_COMPAT_DISABLE_PATCHES": POINT.id})
     assert unpatched["skipped_waiting"].startswith("AttributeError") and "skipped_waiting" in unpatched["skipped_waiting"]
     if Version(OMNI_VERSION) >= Version("0.28"):  # their schedule() prunes it every step
         assert "skipped_waiting" in unpatched["schedule_error"]
-    patched = _run(which, tmp_path)
+    patched = run_scheduler(which, tmp_path)
     assert patched["skipped_waiting"] == [] and "schedule_error" not in patched and patched["scheduled"] == ["r0"]
 
 

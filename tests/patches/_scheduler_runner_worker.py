@@ -5,7 +5,7 @@ refuse V2 for want of Triton), schedules one request and prints, as JSON, what v
 runner flag, the V1 bookkeeping of the requests scheduled last step (from which the scheduler sends a resumed
 request's ``all_token_ids``), whether a new request's data is V2's (with its prefill token ids), and vLLM <= 0.30's
 ``skipped_waiting`` queue, which vllm-omni's schedulers read (or the ``AttributeError`` of reading it and of
-scheduling). Run by ``tests/patches/test_scheduler_v1_runner.py`` and ``tests/bridges/test_scheduler_skipped_waiting.py``.
+scheduling). Run (``run``) by ``tests/patches/test_scheduler_v1_runner.py`` and ``tests/bridges/test_scheduler_skipped_waiting.py``.
 
     python _scheduler_runner_worker.py MODEL_DIR {ar|generation}
 """
@@ -80,6 +80,16 @@ def main(model_dir: str, which: str) -> None:
         # V2's new-request data carries the prefill token ids (the V2 runner's input); V1's does not
         "new_request_prefill_ids": [getattr(r, "prefill_token_ids", None) is not None for r in first.scheduled_new_reqs],
     }))
+
+
+def run(which: str, tmp_path: Path, env: dict | None = None) -> dict:
+    """What ``main`` prints, run in a fresh interpreter of the tests' env (``conftest.run_python``, warm)."""
+    from conftest import run_python  # the tests' helper; the script itself runs without it
+
+    done = run_python(f"import runpy, sys; sys.argv = ['w', {str(tmp_path / 'lm')!r}, {which!r}]; "
+                      f"runpy.run_path({__file__!r}, run_name='__main__')", env=env, warm=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

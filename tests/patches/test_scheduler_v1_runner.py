@@ -10,20 +10,17 @@ from the wheels, per installed version; and the decision table.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from packaging.version import Version
 
-from conftest import OMNI_VERSION, VLLM_VERSION, needs_omni, run_python
+from conftest import OMNI_VERSION, VLLM_VERSION, needs_omni
+from tests.patches._scheduler_runner_worker import run as run_scheduler
 from vllm_compat.config import Controls
 from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.patches import ar_scheduler_v1_runner, generation_scheduler_v1_runner
 from vllm_compat.patches._scheduler_runner import Agreement, RunnerAgreement
 
-WORKER = Path(__file__).with_name("_scheduler_runner_worker.py")
 POINTS = {"ar": ar_scheduler_v1_runner.DRIFT_POINT, "generation": generation_scheduler_v1_runner.DRIFT_POINT}
 BOTH_OFF = {"VLLM_COMPAT_DISABLE_PATCHES": ",".join(point.id for point in POINTS.values())}
 
@@ -65,13 +62,6 @@ def test_facts_are_what_the_wheels_say_and_agree_at_run_time(which):
     assert point.detect_runtime(importlib.import_module(point.target_module)) == static
 
 
-def _run(which: str, tmp_path: Path, env: dict | None = None) -> dict:
-    done = run_python(f"import runpy, sys; sys.argv = ['w', {str(tmp_path / 'lm')!r}, {which!r}]; "
-                      f"runpy.run_path({str(WORKER)!r}, run_name='__main__')", env=env, warm=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @needs_omni
 @pytest.mark.parametrize("which", POINTS)
 def test_the_scheduler_schedules_for_the_v1_runner_its_worker_runs(which, tmp_path):
@@ -80,8 +70,8 @@ def test_the_scheduler_schedules_for_the_v1_runner_its_worker_runs(which, tmp_pa
     Where the patch stays out, nothing of ours is on the class."""
     point = POINTS[which]
     decision = point.decide(point.detect_static(StaticSite.installed()), Controls())
-    unpatched = _run(which, tmp_path, BOTH_OFF)
-    patched = _run(which, tmp_path)
+    unpatched = run_scheduler(which, tmp_path, BOTH_OFF)
+    patched = run_scheduler(which, tmp_path)
     assert unpatched["config_says_v2"] and patched["config_says_v2"]
     assert not unpatched["wrapped"]
     if decision.action != Action.PATCHED:
@@ -100,6 +90,6 @@ def test_the_scheduler_schedules_for_the_v1_runner_its_worker_runs(which, tmp_pa
                     reason="the oracle: vllm-omni 0.30.0's own schedulers on a vLLM whose config says V2 (0.25-0.33)")
 def test_vllm_omni_030_schedulers_do_what_the_patch_does(tmp_path):
     for which in POINTS:
-        native = _run(which, tmp_path, BOTH_OFF)
+        native = run_scheduler(which, tmp_path, BOTH_OFF)
         assert native["config_says_v2"] and not native["scheduler_v2"] and not native["wrapped"]
         assert native["prev_step_scheduled"] == ["r0"]
