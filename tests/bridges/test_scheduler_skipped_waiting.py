@@ -13,7 +13,7 @@ import importlib
 import pytest
 from packaging.version import Version
 
-from conftest import OMNI_VERSION, VLLM_VERSION, needs_omni
+from conftest import OMNI_VERSION, VLLM_VERSION, needs_omni, needs_v1_model_runner
 from tests.patches._scheduler_runner_worker import run as run_scheduler
 from vllm_compat.bridges import scheduler_skipped_waiting as bridge
 from vllm_compat.config import Controls
@@ -53,6 +53,7 @@ def test_facts_are_what_the_wheels_say_and_agree_at_run_time():
 
 
 @needs_omni
+@needs_v1_model_runner
 @pytest.mark.skipif(STATIC.host != K.LACKS, reason=f"needs vLLM 0.31+ (no Scheduler.skipped_waiting); here {STATIC}")
 @pytest.mark.parametrize("which", ["ar", "generation"])
 def test_vllm_omnis_schedulers_find_the_queue_they_read(which, tmp_path):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from packaging.version import Version
 
-from conftest import OMNI_VERSION, VLLM_VERSION, needs_omni
+from conftest import OMNI_VERSION, VLLM_VERSION, needs_omni, needs_v1_model_runner
 from tests.patches._scheduler_runner_worker import run as run_scheduler
 from vllm_compat.config import Controls
 from vllm_compat.decide import Action
@@ -63,6 +63,7 @@ def test_facts_are_what_the_wheels_say_and_agree_at_run_time(which):
 
 
 @needs_omni
+@needs_v1_model_runner
 @pytest.mark.parametrize("which", POINTS)
 def test_the_scheduler_schedules_for_the_v1_runner_its_worker_runs(which, tmp_path):
     """Unpatched first (the drift reproduced: the config's V2 reaches vllm-omni's scheduler, and the AR one skips
