@@ -47,7 +47,8 @@ VOLATILE = ("id", "created", "system_fingerprint")
 class OmniChatEngineClient:
     """``serve_tokens_cases.OmniShapedEngineClient`` with what vllm-omni's chat serving reads of ``AsyncOmni`` besides
     (one text stage: ``output_modalities``, ``stage_configs``, ``default_sampling_params_list``), whose
-    ``generate`` takes the chat serving's ``sampling_params_list`` and yields vllm-omni's own ``OmniRequestOutput``
+    ``generate`` takes exactly the calls vllm-omni's own ``AsyncOmni.generate`` takes (the completion serving's
+    ``session_id=`` on vLLM 0.28+: ``async_omni_session_id``) and yields vllm-omni's own ``OmniRequestOutput``
     around the ``RequestOutput`` objects of the base, as an LLM stage's output reaches the serving."""
 
     output_modalities = ["text"]
@@ -67,8 +68,17 @@ class OmniChatEngineClient:
         return [SamplingParams()]
 
     async def generate(self, prompt, sampling_params=None, request_id="", *, sampling_params_list=None, **keywords):
+        import inspect
+
+        from vllm_omni.entrypoints.async_omni import AsyncOmni
         from vllm_omni.outputs import OmniRequestOutput
 
+        # The call vLLM's or vllm-omni's serving makes, as vllm-omni's own AsyncOmni.generate (with whatever
+        # vllm_compat put on it) takes it: its TypeError is raised here; the generator it returns is never run.
+        AsyncOmni.generate(self, prompt, sampling_params, request_id, sampling_params_list=sampling_params_list,
+                           **keywords)
+        taken = inspect.signature(super().generate).parameters  # the keywords the fake engine below reads
+        keywords = {name: value for name, value in keywords.items() if name in taken}
         if sampling_params is None:
             sampling_params = sampling_params_list[0]
         if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:  # the chat serving's text prompt
