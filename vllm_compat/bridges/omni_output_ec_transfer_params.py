@@ -1,17 +1,18 @@
-"""Stand-in for ``OmniRequestOutput.ec_transfer_params`` (vllm-omni's output), which vLLM 0.27+'s completion serving reads.
+"""Stand-in for ``OmniRequestOutput.ec_transfer_params`` (vllm-omni's output), which vLLM 0.26+'s completion serving reads.
 
-Why: vLLM 0.27 added encoder-cache transfer (``RequestOutput.ec_transfer_params``), and its
+Why: vLLM 0.26 added encoder-cache transfer (``RequestOutput.ec_transfer_params``), and its
 ``OpenAIServingCompletion`` puts ``final_res_batch[0].ec_transfer_params`` into every non-streaming completion
 response. In ``vllm serve --omni`` those results are vllm-omni's ``OmniRequestOutput`` objects; 0.24.0 and 0.26.0
 define ``kv_transfer_params`` (read through to the wrapped ``RequestOutput``) but not ``ec_transfer_params``, so every
 non-streaming ``/v1/completions`` request of a server with an LLM stage fails with ``AttributeError:
 'OmniRequestOutput' object has no attribute 'ec_transfer_params'`` (found on CPU through vLLM 0.34's completion
-serving; read in the 0.27.1-0.34 wheels). vllm-omni 0.28.0 defines it.
+serving; read in the 0.26.0-0.34 wheels, 0.25.1 does not read it), vllm-omni 0.26.0 on its own vLLM 0.26 too.
+vllm-omni 0.28.0 defines it.
 When: vLLM's completion serving reads ``.ec_transfer_params`` and the installed vllm-omni's ``OmniRequestOutput``
 does not define it (both read from the files with ``ast``): the class gets a read-only descriptor that reads it
 through to the wrapped ``RequestOutput``, as vllm-omni 0.24.0 reads ``kv_transfer_params`` (None without one). A
 vllm-omni that defines it keeps its own.
-Serves: vllm-omni 0.24.0 / 0.26.0 on vLLM 0.27+ (read from the wheels; checked on CPU through vLLM's completion
+Serves: vllm-omni 0.24.0 / 0.26.0 on vLLM 0.26+ (read from the wheels; checked on CPU through vLLM's completion
 serving in the pinned-torch serve cells).
 Retire when: the oldest supported vllm-omni's ``OmniRequestOutput`` defines ``ec_transfer_params`` (0.28.0 does).
 """
@@ -31,8 +32,8 @@ CLASS_NAME, NAME = "OmniRequestOutput", "ec_transfer_params"
 
 class Kind:
     ABSENT = "absent"  # vLLM's completion serving or vllm-omni's output class not installed
-    READS = "reads"  # vLLM's completion serving reads .ec_transfer_params (0.27+)
-    FITS = "fits"  # it does not (<= 0.26) / vllm-omni's class defines it (0.28.0+)
+    READS = "reads"  # vLLM's completion serving reads .ec_transfer_params (0.26+)
+    FITS = "fits"  # it does not (<= 0.25) / vllm-omni's class defines it (0.28.0+)
     LACKS = "lacks"  # vllm-omni's class does not define it (0.24.0, 0.26.0)
 
 
@@ -72,7 +73,7 @@ def facts_of(vllm_tree, omni_tree) -> EcTransferFacts:
 
 
 class EcTransferParams:
-    """vLLM 0.27+'s ``ec_transfer_params`` on vllm-omni's ``OmniRequestOutput``: the wrapped ``RequestOutput``'s, or
+    """vLLM 0.26+'s ``ec_transfer_params`` on vllm-omni's ``OmniRequestOutput``: the wrapped ``RequestOutput``'s, or
     None (vllm_compat's stand-in, ``vllm_compat.bridges.omni_output_ec_transfer_params``)."""
 
     def __get__(self, output, owner=None):
@@ -98,8 +99,8 @@ class OmniOutputEcTransferParams(DriftPoint):
             return self.decision(Action.SKIPPED, f"vllm-omni's {CLASS_NAME} defines {NAME}" if facts.omni == Kind.FITS
                                  else f"no installed vllm-omni defines {CLASS_NAME}")
         if facts.vllm != Kind.READS:
-            return self.decision(Action.SKIPPED, f"vLLM's completion serving does not read {NAME} (<= 0.26)")
-        return self.decision(Action.PATCHED, f"vLLM's completion serving reads {NAME} (0.27+) and vllm-omni's "
+            return self.decision(Action.SKIPPED, f"vLLM's completion serving does not read {NAME} (<= 0.25)")
+        return self.decision(Action.PATCHED, f"vLLM's completion serving reads {NAME} (0.26+) and vllm-omni's "
                              f"{CLASS_NAME} lacks it; it reads the wrapped RequestOutput's, as kv_transfer_params does")
 
     def locate(self, module):
