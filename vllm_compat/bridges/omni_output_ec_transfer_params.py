@@ -23,7 +23,7 @@ import ast
 from dataclasses import asdict, dataclass
 
 from ..decide import Action
-from ..drift import DriftPoint, provide, withdraw
+from ._class_stand_in import ClassAttributeStandIn
 
 SERVING_FILE = "vllm/entrypoints/openai/completion/serving.py"
 OUTPUT_FILES = ("vllm_omni/outputs.py", "vllm_omni/outputs/__init__.py")  # 0.24.0 / 0.26.0+
@@ -85,7 +85,9 @@ class EcTransferParams:
 STAND_IN = EcTransferParams()  # one object, so a revert and a second apply put back the same one
 
 
-class OmniOutputEcTransferParams(DriftPoint):
+class OmniOutputEcTransferParams(ClassAttributeStandIn):
+    class_name, name, stand_in = CLASS_NAME, NAME, STAND_IN
+
     def detect_static(self, site) -> EcTransferFacts:
         return facts_of(site.vllm_tree, site.omni_tree)
 
@@ -102,19 +104,6 @@ class OmniOutputEcTransferParams(DriftPoint):
             return self.decision(Action.SKIPPED, f"vLLM's completion serving does not read {NAME} (<= 0.25)")
         return self.decision(Action.PATCHED, f"vLLM's completion serving reads {NAME} (0.26+) and vllm-omni's "
                              f"{CLASS_NAME} lacks it; it reads the wrapped RequestOutput's, as kv_transfer_params does")
-
-    def locate(self, module):
-        cls = getattr(module, CLASS_NAME, None)
-        return cls if isinstance(cls, type) else None
-
-    def in_place(self, owner):
-        return vars(owner).get(NAME) if owner is not None else None
-
-    def install(self, owner, decision, state) -> bool:
-        return provide(owner, NAME, STAND_IN, self.id)
-
-    def uninstall(self, owner) -> bool:
-        return withdraw(owner, NAME, self.id)
 
 
 DRIFT_POINT = OmniOutputEcTransferParams()

@@ -23,7 +23,7 @@ import ast
 from dataclasses import asdict, dataclass
 
 from ..decide import Action
-from ..drift import DriftPoint, provide, withdraw
+from ._class_stand_in import ClassAttributeStandIn
 
 CLASS_NAME, NAME = "OmniSchedulerMixin", "skipped_waiting"  # the catalogue row's target
 VLLM_SCHEDULER = "vllm/v1/core/sched/scheduler.py"
@@ -87,7 +87,9 @@ class SkippedWaiting:
 STAND_IN = SkippedWaiting()  # one object, so a revert and a second apply put back the same one
 
 
-class SchedulerSkippedWaiting(DriftPoint):
+class SchedulerSkippedWaiting(ClassAttributeStandIn):
+    class_name, name, stand_in = CLASS_NAME, NAME, STAND_IN
+
     def detect_static(self, site) -> SkippedWaitingFacts:
         return facts_of(site.vllm_tree, site.omni_tree)
 
@@ -107,19 +109,6 @@ class SchedulerSkippedWaiting(DriftPoint):
                                  "installed vllm-omni scheduler reads it")
         return self.decision(Action.PATCHED, "vLLM's Scheduler has no skipped_waiting (removed in 0.31) and vllm-omni's "
                              f"schedulers read it ({', '.join(facts.readers)}); each gets an empty request queue")
-
-    def locate(self, module):
-        cls = getattr(module, CLASS_NAME, None)
-        return cls if isinstance(cls, type) else None
-
-    def in_place(self, owner):
-        return vars(owner).get(NAME) if owner is not None else None
-
-    def install(self, owner, decision, state) -> bool:
-        return provide(owner, NAME, STAND_IN, self.id)
-
-    def uninstall(self, owner) -> bool:
-        return withdraw(owner, NAME, self.id)
 
 
 DRIFT_POINT = SchedulerSkippedWaiting()
