@@ -129,4 +129,6 @@ def test_stays_out_where_asyncomni_implements_every_abstract_method():
         from vllm_omni.entrypoints.async_omni import AsyncOmni
     except ImportError as exc:
         pytest.skip(f"vllm_omni.entrypoints.async_omni does not import here: {exc}")
-    assert not any(getattr(v, "_vllm_compat_installed", None) for v in vars(AsyncOmni).values())
+    # nothing of this entry's (async_omni_session_id may wrap generate here: vLLM 0.28+ under vllm-omni <= 0.28.0)
+    assert not any(getattr(v, "_vllm_compat_installed", None) == "engine_client_methods"
+                   for v in vars(AsyncOmni).values())
