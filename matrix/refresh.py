@@ -20,8 +20,9 @@
 
 Without cell ids it also re-checks the generated alias table (``matrix/aliases.py --check``: regenerated from the
 wheels, a diff printed when the checked-in ``vllm_compat/bridges/_alias_table.py`` is stale; ``--write`` rewrites
-it). Exit status: 0 when every scanned cell matches and the table is current (or ``--write`` rewrote them), 1 when a
-cell or the table differs, 2 when a download failed. New cells are written whether or not ``--write`` is given
+it), and the generated tested range (``matrix/tested_pairs.py``: ``vllm_compat/detect/tested.py``, likewise). Exit
+status: 0 when every scanned cell matches and the table is current (or ``--write`` rewrote them), 1 when a cell or
+a generated file differs, 2 when a download failed. New cells are written whether or not ``--write`` is given
 (that is the intake; ``git diff matrix/vllm.toml`` is the review); ``--no-intake`` skips the index look-up.
 Steps and timings of an intake: docs/new-vllm-release.md.
 """
@@ -496,6 +497,14 @@ def main(argv: list[str] | None = None) -> int:
         print("\nalias table (matrix/aliases.py):")
         alias_status = aliases.main([] if args.write else ["--check"])
         status = status or alias_status
+    if not args.cells and args.matrix.resolve() == MATRIX:
+        # What the package calls tested (vllm_compat/detect/tested.py) is generated from the cells that have passed.
+        sys.path.insert(0, str(ROOT / "matrix"))
+        import tested_pairs
+
+        print("\ntested range and pairs (matrix/tested_pairs.py):")
+        tested_status = tested_pairs.main([] if args.write else ["--check"])
+        status = status or tested_status
     print(f"\nrefresh: {time.monotonic() - started:.0f} s")
     return status
 

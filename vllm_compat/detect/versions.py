@@ -6,9 +6,10 @@ import os
 import re
 import sys
 
-# The vLLM releases the matrix (matrix/vllm.toml) proves. Used for reporting only, never as a gate:
-# decisions come from detected capabilities.
-TESTED_VLLM_RANGE = ("0.16.0", "0.33.0")
+# The vLLM releases the matrix (matrix/vllm.toml) proves, and the cells testing each (vLLM, vllm-omni) pair:
+# generated into .tested by matrix/tested_pairs.py (nox -s refresh runs it), so a new release's passed cells move
+# them. Used for reporting only, never as a gate: decisions come from detected capabilities.
+from .tested import TESTED_CELLS, TESTED_VLLM_RANGE
 
 _SEPARATORS = re.compile(r"[-_.]+")
 
@@ -112,11 +113,44 @@ def _metadata_version(info: str) -> str | None:
 
 
 def is_tested_vllm(version: str | None) -> bool | None:
-    """Whether ``version`` lies in ``TESTED_VLLM_RANGE`` (release part only, so dev builds of a tested
-    release count as tested). None when the version is missing or unparseable."""
+    """Whether ``version`` lies in ``TESTED_VLLM_RANGE``, the lowest to the highest vLLM of a matrix cell that has
+    passed (release part only, so dev builds and local versions of a tested release count as tested; a release
+    between two cells' counts too). None when the version is missing or unparseable."""
     if version is None:
         return None
-    low, high = (_plain_release(v) for v in TESTED_VLLM_RANGE)
+    low, high = (_release(v) for v in TESTED_VLLM_RANGE)
+    release = _release(version)
+    if release is None:
+        return None
+    return low <= release[: len(high)] <= high
+
+
+def cells_testing(vllm_version: str | None, omni_version: str | None) -> tuple[str, ...]:
+    """The ids of the passed matrix cells that test vLLM ``vllm_version`` with vllm-omni ``omni_version``
+    (``TESTED_CELLS``: pairs by release, each pair's cells in matrix/vllm.toml's order, so its CPU cell before its
+    serve cell on vLLM's pinned torch); () when none does.
+
+    Versions match on their release part, as ``is_tested_vllm``: "0.34.0+cu129" and "0.34.0.dev3" are tested by
+    the cells of 0.34.0; "0.34.1" by none until a cell installs it. ``omni_version`` None (vllm-omni absent or
+    its version unknown) gives every passed cell on that vLLM, vLLM-only ones first: each runs the whole suite
+    against it. () as well when either version is unparseable or ``vllm_version`` is None."""
+    vllm = _release(vllm_version) if vllm_version is not None else None
+    omni = _release(omni_version) if omni_version is not None else None
+    if vllm is None or (omni_version is not None and omni is None):
+        return ()
+    def same(release: tuple[int, ...], cell_version: str) -> bool:
+        cell = _release(cell_version)
+        return release[: len(cell)] == cell
+
+    found: list[str] = []
+    for (cell_vllm, cell_omni), ids in TESTED_CELLS.items():
+        if same(vllm, cell_vllm) and (omni is None or (cell_omni is not None and same(omni, cell_omni))):
+            found.extend(ids)
+    return tuple(found)
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    """The release part of ``version`` ("0.30.0.dev1" -> (0, 30, 0)), None when it does not parse."""
     release = _plain_release(version)
     if release is None:
         # Anything but a plain release ("0.30.0.dev1", "0.30.0+cpu", "v0.30") is for packaging to parse: its
@@ -127,7 +161,7 @@ def is_tested_vllm(version: str | None) -> bool | None:
             release = Version(version).release
         except InvalidVersion:
             return None
-    return low <= release[: len(high)] <= high
+    return release
 
 
 def _plain_release(version: str) -> tuple[int, ...] | None:
