@@ -143,24 +143,30 @@ def test_disable_leaves_the_loader_untouched():
 
 
 @needs_omni
-def test_invalid_variant_fails_the_import_loudly_then_a_valid_one_patches():
+def test_invalid_variant_leaves_the_import_alive_and_refused_apply_raises_then_a_valid_one_patches():
+    """A worker is never told of a typo mid-import: the loader imports, unpatched and refused with the message;
+    ``apply()`` raises it; once it is fixed, ``apply()`` patches."""
     result = run_python(
         f"""
         import importlib, os, sys, vllm_compat
         from vllm_compat.errors import ConfigError
+        module = importlib.import_module("{LOADER}")
+        from vllm_compat.patches.diffusers_loader import installed_variant
+        decided = {{d.name: d for d in vllm_compat.current_decisions()}}["diffusers_loader_meta_device"]
+        print("IMPORTED", installed_variant(module.DiffusersPipelineLoader), decided.action, decided.reason)
         try:
-            importlib.import_module("{LOADER}")
+            vllm_compat.apply()
         except ConfigError as exc:
             print("ERROR", exc)
         os.environ["VLLM_COMPAT_LOADER_VARIANT"] = "legacy"
-        module = importlib.import_module("{LOADER}")
-        from vllm_compat.patches.diffusers_loader import installed_variant
+        vllm_compat.apply()
         print("VARIANT", installed_variant(module.DiffusersPipelineLoader))
         """,
         env={"VLLM_COMPAT_LOADER_VARIANT": "fastest"},
         warm=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "IMPORTED None refused VLLM_COMPAT_LOADER_VARIANT='fastest' is not a loader variant" in result.stdout
     assert "ERROR VLLM_COMPAT_LOADER_VARIANT='fastest' is not a loader variant" in result.stdout
     assert "VARIANT legacy" in result.stdout  # forced: patched whatever the loader shape
 
@@ -233,6 +239,124 @@ def test_invalid_control_raises_from_apply():
     result = run_python("import vllm_compat; vllm_compat.apply()", env={"VLLM_COMPAT_STRICT": "sometimes"})
     assert result.returncode == 1
     assert "ConfigError: VLLM_COMPAT_STRICT='sometimes' is not a valid switch" in result.stderr
+
+
+# ---- bad controls answered early (issue 34): apply() raises, activation warns, a hook refuses; no vLLM needed ----
+
+BAD_CONTROLS = [  # (variable, value, words of the allowed values the message must name)
+    ("VLLM_COMPAT_LOADER_VARIANT", "turbo", "auto, legacy, meta_safe"),
+    ("VLLM_COMPAT_LOADER_VARIANTS", "legacy", "VLLM_COMPAT_LOADER_VARIANT "),  # a typo in the name: the known ones
+    ("VLLM_COMPAT_STRICT", "sometimes", "1/true/yes/on"),
+]
+FINDER_STATE = """
+        import json, sys
+        finder = next((f for f in sys.meta_path if getattr(f, "_vllm_compat_finder", False)), None)
+        hooked = sorted(getattr(finder, "_vllm_compat_callbacks", {}))
+"""  # indented as the code it is appended to
+
+
+@pytest.mark.parametrize(("name", "value", "allowed"), BAD_CONTROLS)
+def test_apply_raises_a_bad_control_before_any_target_is_imported_and_registers_nothing(name, value, allowed):
+    result = run_python(
+        """
+        import vllm_compat
+        from vllm_compat.errors import ConfigError
+        try:
+            vllm_compat.apply()
+        except ConfigError as exc:
+            print("ERROR", exc)
+        """ + FINDER_STATE + """
+        print("HOOKED", json.dumps(hooked), sorted(m for m in ("vllm", "vllm_omni", "torch") if m in sys.modules))
+        """,
+        env={name: value},
+    )
+    assert result.returncode == 0, result.stderr
+    error = result.stdout.split("ERROR ", 1)[1].split("\n", 1)[0]
+    assert error.startswith(f"{name}={value!r} ") and allowed in error, error
+    assert 'HOOKED [] []' in result.stdout  # raised before registering a hook; imported nothing
+
+
+@pytest.mark.parametrize(("name", "value", "allowed"), BAD_CONTROLS)
+def test_activation_warns_of_a_bad_control_once_and_never_raises(name, value, allowed):
+    """What a worker's first ``import vllm`` does (the startup hook's first-import hook; vLLM need not be
+    installed: the lookup alone fires it): every hook is registered, one WARNING names the variable, the value
+    and the allowed values, and the interpreter goes on."""
+    from vllm_compat.catalogue import CATALOGUE
+
+    result = run_python(
+        """
+        import importlib.util, vllm_compat
+        importlib.util.find_spec("vllm")
+        importlib.util.find_spec("vllm_omni")
+        vllm_compat.install_import_hook()  # again: no second warning
+        """ + FINDER_STATE + """
+        print("HOOKED", json.dumps(hooked))
+        """,
+        env={name: value},
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.split("HOOKED ", 1)[1]) == sorted({e.target_module for e in CATALOGUE})
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("vllm_compat: ")]
+    assert len(warnings) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert warnings[0].startswith(f"vllm_compat: {name}={value!r} ") and allowed in warnings[0], warnings
+    assert "vllm_compat.apply() raises this error" in warnings[0]
+
+
+def test_activation_with_valid_controls_is_silent():
+    result = run_python('import importlib.util, vllm_compat; importlib.util.find_spec("vllm")',
+                        env={"VLLM_COMPAT_LOADER_VARIANT": "meta_safe", "VLLM_COMPAT_STRICT": "0",
+                             "VLLM_COMPAT_CELL": "x"})
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+@pytest.mark.parametrize(("name", "value", "allowed"), BAD_CONTROLS)
+def test_a_hook_refuses_its_entry_on_a_bad_control_instead_of_raising_mid_import(name, value, allowed):
+    """Post-import hooks fired on a bare module of their target's name (the controls are checked before the
+    target's shape is read): an entry whose control is bad is refused with the message, nothing is raised. A bad
+    core control concerns every entry; a drift point's switch, the entries that read it; an unknown name, none
+    (activation warned of it, ``apply()`` raises it). Under a valid ``VLLM_COMPAT_STRICT=1`` the hook raises."""
+    from vllm_compat.catalogue import CATALOGUE
+
+    readers = sorted(e.id for e in CATALOGUE if "VLLM_COMPAT_LOADER_VARIANT" in e.point.switches)
+    fired = [e.id for e in CATALOGUE] if name == "VLLM_COMPAT_STRICT" else readers
+    refused = {"VLLM_COMPAT_STRICT": fired, "VLLM_COMPAT_LOADER_VARIANT": readers}.get(name, [])
+    result = run_python(
+        f"""
+        import json, types, vllm_compat
+        from vllm_compat import activate
+        from vllm_compat.catalogue import entry
+        for entry_id in {fired!r}:
+            activate._HOOKS[entry_id](types.ModuleType(entry(entry_id).target_module))
+        print("DECIDED", json.dumps({{d.name: [d.action, d.reason] for d in vllm_compat.current_decisions()}}))
+        """,
+        env={name: value},
+    )
+    assert result.returncode == 0, result.stderr
+    decided = json.loads(result.stdout.split("DECIDED ", 1)[1])
+    assert readers and sorted(decided) == sorted(fired), decided
+    for entry_id, (action, reason) in decided.items():
+        if entry_id in refused:
+            assert action == "refused" and reason.startswith(f"{name}={value!r} ") and allowed in reason, reason
+        else:
+            assert not reason.startswith(name), reason  # decided as if the unknown variable were not there
+    warnings = [line for line in result.stderr.splitlines() if line.startswith(f"vllm_compat: {name}=")]
+    assert len(warnings) == 1 if refused else len(warnings) <= 1, result.stderr  # once, not once per entry
+
+    strict = run_python(
+        """
+        import types
+        from vllm_compat import activate
+        from vllm_compat.catalogue import CATALOGUE
+        from vllm_compat.errors import ConfigError
+        entry = next(e for e in CATALOGUE if e.point.switches)
+        try:
+            activate._HOOKS[entry.id](types.ModuleType(entry.target_module))
+        except ConfigError as exc:
+            print("RAISED", exc)
+        """,
+        env={"VLLM_COMPAT_STRICT": "1", "VLLM_COMPAT_LOADER_VARIANT": "turbo"},
+    )
+    assert "RAISED VLLM_COMPAT_LOADER_VARIANT='turbo' is not a loader variant" in strict.stdout, strict.stderr
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

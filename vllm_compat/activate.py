@@ -9,6 +9,12 @@ the per-entry lines at DEBUG.
 
 Nothing here knows a target: module, owner, facts and install all come from the drift point's module, found
 through its catalogue row (``vllm_compat.catalogue``).
+
+Bad controls are answered early, with one message: ``apply()`` raises the ``ConfigError`` of any invalid
+``VLLM_COMPAT_*`` value or unknown ``VLLM_COMPAT_*`` name before it does anything else; activation (the hooks'
+registration, when the startup hook's first-import hook fires) logs that message once as a WARNING and goes on;
+a post-import hook records the entry as refused with that message instead of raising it mid-import (under a
+valid ``VLLM_COMPAT_STRICT=1`` it raises). The shim never kills a worker over a typo.
 """
 
 # No `from __future__ import annotations`: see vllm_compat/__init__.py.
@@ -87,9 +93,10 @@ def _log_summary() -> None:
 def activate_entry(entry, module, controls=None):
     """Detect, decide and (maybe) install ``entry`` on its already imported target ``module``.
 
-    Returns the Decision. Raises ``ConfigError`` on a bad control, and ``PatchRefusedError`` for a refusal
-    under ``VLLM_COMPAT_STRICT=1``; any other failure is recorded as a refusal with its cause, so a worker
-    never dies because of the shim. A "disabled" decision also takes out what was installed earlier.
+    Returns the Decision. Raises ``ConfigError`` on a bad control (its hook turns that into a refusal,
+    ``_hook_for``), and ``PatchRefusedError`` for a refusal under ``VLLM_COMPAT_STRICT=1``; any other failure is
+    recorded as a refusal with its cause, so a worker never dies because of the shim. A "disabled" decision also
+    takes out what was installed earlier.
     """
     from .config import read_controls
     from .decide import Action, decide_entry
@@ -155,17 +162,86 @@ def _suspended_decision(decision):
 
 def _hook_for(entry):
     def on_target_imported(module) -> None:
-        activate_entry(entry, module)
+        try:
+            activate_entry(entry, module)
+        except Exception as exc:
+            from .config import is_strict
+            from .errors import ConfigError
+
+            if not isinstance(exc, ConfigError) or is_strict():
+                raise
+            _refuse_for_bad_control(entry, module, exc)
 
     on_target_imported.__qualname__ = f"on_import[{entry.id}]"
     return on_target_imported
+
+
+def _refuse_for_bad_control(entry, module, error) -> None:
+    """Record ``entry`` as refused because of the ``ConfigError`` ``error``: its target, mid-import, is left as it
+    is. The WARNING is the activation's one line for that message (logged here when activation did not see it:
+    the variable was set later); the refusal itself is at DEBUG."""
+    from .decide import Action
+
+    _warn_bad_controls(error)
+    decision = entry.decision(Action.REFUSED, f"{error} Left unpatched until it is fixed.")
+    with _lock:
+        _decisions[entry.id] = decision
+    import logging
+
+    logging.getLogger("vllm_compat").debug("vllm_compat: refused %s: %s", decision.target, decision.reason)
+
+
+def _warn_bad_controls(error) -> None:
+    """Log the ``ConfigError`` ``error`` as a WARNING on logger ``vllm_compat``, once per message and process."""
+    from .hooks import shared_state
+
+    warned = shared_state("bad_controls_warned", set)
+    if str(error) in warned:
+        return
+    warned.add(str(error))
+    import logging
+
+    logging.getLogger("vllm_compat").warning(
+        "vllm_compat: %s vllm_compat.apply() raises this error; the import hooks do not, and leave each entry "
+        "whose control is invalid unpatched (refused) until it is fixed.", error)
+
+
+def _check_controls_on_activation() -> None:
+    """Activation's look at the controls: each bad one logged once (``_warn_bad_controls``), never raised.
+
+    Nearly free in the usual case: with no ``VLLM_COMPAT_*`` variable set it reads the environment and returns;
+    with core controls or tooling variables only, it parses them without importing any drift point
+    (``config.check_switches``)."""
+    import os
+
+    if not any(name.startswith("VLLM_COMPAT_") for name in os.environ):
+        return
+    try:
+        from .config import read_checked_controls
+        from .errors import ConfigError
+
+        read_checked_controls()
+    except ConfigError as exc:
+        _warn_bad_controls(exc)
+    except Exception:  # noqa: BLE001 - never let the shim kill the import it runs before
+        import logging
+
+        logging.getLogger("vllm_compat").exception("vllm_compat: could not check the VLLM_COMPAT_* controls; "
+                                                   "`vllm_compat.apply()` and `vllm-compat doctor` say more")
 
 
 _HOOKS = {entry.id: _hook_for(entry) for entry in CATALOGUE}  # one callable per entry: registration dedups
 
 
 def install_import_hook() -> None:
-    """Register one post-import hook per catalogue entry (cheap; imports nothing heavy). Idempotent."""
+    """Register one post-import hook per catalogue entry (cheap; imports nothing heavy), then check the
+    ``VLLM_COMPAT_*`` controls (``_check_controls_on_activation``: a bad one is logged, never raised).
+    Idempotent."""
+    _register_hooks()
+    _check_controls_on_activation()
+
+
+def _register_hooks() -> None:
     from .hooks import register_imports_settled_hook, register_post_import_hook
 
     for entry in CATALOGUE:
@@ -199,17 +275,19 @@ def apply() -> list:
 
     Returns the list of Decisions, one per catalogue entry, in catalogue order. Idempotent: a second call
     changes nothing. Imports no target: an entry whose target module is not imported yet is "pending" and is
-    handled by its import hook.
+    handled by its import hook. Raises ``ConfigError`` first, before registering or changing anything, when a
+    ``VLLM_COMPAT_*`` value is invalid or a ``VLLM_COMPAT_*`` name unknown (``config.read_checked_controls``: every
+    drift point's switches, not only those of the targets imported so far).
     """
     global _suspended, _applying
-    from .config import read_controls
+    from .config import read_checked_controls
     from .decide import Action
 
-    controls = read_controls()
+    controls = read_checked_controls()
     with _lock:
         _suspended = False
         _applying += 1
-    install_import_hook()
+    _register_hooks()
     decisions = []
     try:
         for entry in CATALOGUE:

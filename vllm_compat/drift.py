@@ -20,8 +20,13 @@ this base gives:
                                                 ones on the same install (required)
 ``decide(facts, controls) -> Decision``         pure; ``self.decision(action, reason, variant)`` builds one; the
                                                 shared "disabled" controls are handled before it is called (required)
+``switches``                                    the ``VLLM_COMPAT_*`` variables it reads (names); one set that no
+                                                drift point reads is a ``ConfigError`` at ``apply()``; default:
+                                                none
 ``check_controls(controls)``                    validates its own ``VLLM_COMPAT_*`` switches (``controls.switch(name)``),
-                                                ``ConfigError`` on a bad value; default: it has none
+                                                ``ConfigError`` on a bad value; run for every drift point at
+                                                activation and at ``apply()`` (``config.check_switches``), before
+                                                its target is imported; default: it has none
 ``locate(module) -> owner | None``              the object that holds the target; default: the module itself
 ``prepare(owner, facts) -> state``              the pre-install contract check (``PatchRefusedError`` saying what was
                                                 expected and found) and what ``install`` needs; default: nothing
@@ -153,6 +158,7 @@ class DriftPoint:
     base shared by two entries gets one small subclass in each entry's module."""
 
     capability_names: tuple[str, ...] = ()
+    switches: tuple[str, ...] = ()  # the VLLM_COMPAT_* variables check_controls validates
     imported_by_doctor = False
 
     def __init__(self) -> None:

@@ -92,6 +92,7 @@ class DiffusersLoaderMetaDevice(MethodPatch):
     """Replaces the loader's weight processing with the variant the decision table picks."""
 
     capability_names = tuple(CAPABILITIES)
+    switches = (VARIANT_VAR,)
     imported_by_doctor = True  # doctor --runtime loads vllm-omni's loader, as a worker does
 
     def detect_static(self, site) -> Environment:
