@@ -61,6 +61,31 @@ ENTRYPOINTS: dict[str, tuple[Entrypoint, ...]] = {
 DIFFUSION_STAGE = "diffusion_stage"  # the entrypoint the older ``worker_*`` fields of the import drift describe
 
 
+# The request endpoints vLLM serves through its modules (by module prefix): where vLLM calls or reads what vllm-omni
+# hands it while serving, a behavioural drift there fails that endpoint's requests.
+ENDPOINTS = (
+    ("vllm.entrypoints.openai.chat_completion", "/v1/chat/completions"),
+    ("vllm.entrypoints.openai.serving_chat", "/v1/chat/completions"),
+    ("vllm.entrypoints.openai.completion", "/v1/completions"),
+    ("vllm.entrypoints.openai.serving_completion", "/v1/completions"),
+    ("vllm.entrypoints.openai.responses", "/v1/responses"),
+    ("vllm.entrypoints.openai.serving_responses", "/v1/responses"),
+    ("vllm.entrypoints.anthropic", "/v1/messages"),
+    ("vllm.entrypoints.openai.speech_to_text", "/v1/audio/transcriptions"),
+    ("vllm.entrypoints.speech_to_text", "/v1/audio/transcriptions"),
+    ("vllm.entrypoints.pooling", "/pooling"),
+)
+
+
+def endpoint_of(module: str) -> str | None:
+    """The endpoint whose requests run through vLLM's ``module`` (``ENDPOINTS``); None for a module that serves
+    none (an engine internal)."""
+    for prefix, endpoint in ENDPOINTS:
+        if module == prefix or module.startswith(prefix + "."):
+            return endpoint
+    return None
+
+
 def called(script: str) -> str:
     """The import graph's node for what ``script``'s functions import when they run (a console script's ``main``);
     its parent in the graph is ``script`` itself."""

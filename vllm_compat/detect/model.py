@@ -64,3 +64,51 @@ def accepts_call(params, positional: tuple[str, ...], keywords: tuple[str, ...])
         for p in params
         if p.kind in (ParamKind.POSITIONAL, ParamKind.KEYWORD_ONLY)
     )
+
+
+def why_call_fails(params, positional: int, keywords: tuple[str, ...]) -> str | None:
+    """Why ``f(<positional> arguments, **{k: ... for k in keywords})`` does not bind to a function with
+    ``params`` (as Python's ``TypeError`` would say it), or None when it binds."""
+    leading = [p for p in params if p.kind == ParamKind.POSITIONAL]
+    var_positional = any(p.kind == ParamKind.VAR_POSITIONAL for p in params)
+    var_keyword = any(p.kind == ParamKind.VAR_KEYWORD for p in params)
+    if positional > len(leading) and not var_positional:
+        return f"takes {len(leading)} positional argument(s), {positional} given"
+    filled = {p.name for p in leading[:positional]}
+    by_keyword = {p.name for p in params if p.kind in (ParamKind.POSITIONAL, ParamKind.KEYWORD_ONLY)}
+    unexpected = [k for k in keywords if k not in by_keyword and not var_keyword]
+    if unexpected:
+        return f"got an unexpected keyword argument {', '.join(unexpected)}"
+    filled |= set(keywords)
+    missing = [p for p in params if p.kind in (ParamKind.POSITIONAL, ParamKind.KEYWORD_ONLY)
+               and not p.has_default and p.name not in filled]
+    if missing:
+        kind = "keyword-only " if all(p.kind == ParamKind.KEYWORD_ONLY for p in missing) else ""
+        return f"missing required {kind}argument(s) {', '.join(p.name for p in missing)}"
+    return None
+
+
+def why_override_narrows(base, override) -> list[tuple[str, str]]:
+    """``[(parameter, why)]`` for each way a call that ``base``'s parameters accept fails on ``override``'s (both
+    without ``self``): a parameter the base takes by keyword that the override does not, a positional slot it
+    lacks, or a parameter the override requires that the base does not have. Empty when every call the base
+    declares binds."""
+    found = []
+    over_names = {p.name for p in override if p.kind in (ParamKind.POSITIONAL, ParamKind.KEYWORD_ONLY)}
+    over_leading = [p for p in override if p.kind == ParamKind.POSITIONAL]
+    over_var_positional = any(p.kind == ParamKind.VAR_POSITIONAL for p in override)
+    over_var_keyword = any(p.kind == ParamKind.VAR_KEYWORD for p in override)
+    base_leading = [p for p in base if p.kind == ParamKind.POSITIONAL]
+    for index, param in enumerate(base_leading):
+        if index >= len(over_leading) and not over_var_positional and param.name not in over_names \
+                and not over_var_keyword:
+            found.append((param.name, f"does not take {param.name} (positional {index + 1} of the base)"))
+    for param in base:
+        if param.kind == ParamKind.KEYWORD_ONLY and param.name not in over_names and not over_var_keyword:
+            found.append((param.name, f"does not take the keyword {param.name}"))
+    base_names = {p.name for p in base}
+    for param in override:
+        if param.kind in (ParamKind.POSITIONAL, ParamKind.KEYWORD_ONLY) and not param.has_default \
+                and param.name not in base_names:
+            found.append((param.name, f"requires {param.name}, which the base does not declare"))
+    return found

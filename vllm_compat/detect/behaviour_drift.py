@@ -1,0 +1,557 @@
+"""Static behavioural drift: what vllm-omni's code does with vLLM that a newer vLLM no longer accepts, found from the
+files of both, before either is installed.
+
+Import drift (``import_drift``) finds names that are gone. This finds what still imports but no longer fits:
+
+* ``call``: a call from vllm-omni into a vLLM function or class (``super().__init__`` and ``super().m`` too, and
+  the constructor a vllm-omni class inherits from vLLM) that no longer binds: a required parameter added, a
+  keyword renamed or removed, too many positionals (vLLM 0.25's ``setup_server(args, *, reuse_port)``);
+* ``abstract``: a vllm-omni class deriving a vLLM class that declares abstract methods it does not define: it
+  cannot be instantiated (vLLM 0.31 / 0.34's ``EngineClient``);
+* ``override``: a vllm-omni method overriding a vLLM one whose signature no longer accepts what the base declares,
+  which is how vLLM calls it (``EngineClient.generate(..., session_id=)``, vLLM 0.28);
+* ``attribute``: an attribute vLLM's code reads from the objects vllm-omni hands it in place of its own (a vllm-omni
+  override returns them where the vLLM base returns vLLM's class) that vllm-omni's class does not define
+  (``RequestOutput.ec_transfer_params``, read by vLLM 0.26's completion serving from ``OmniRequestOutput``).
+
+Differential: the same scan runs against the vLLM the vllm-omni release was made for (``own_vllm``) and only what
+is new on the target is reported, so the noise of untyped code (a call the reading gets wrong, on both) never is.
+Each finding is followed to the entrypoints whose modules reach its site (``entrypoints.ENTRYPOINTS``, as the
+import drift is), and, for ``override`` / ``attribute``, to the vLLM module that calls or reads (its request
+endpoint). A call with ``*args`` / ``**kwargs``, a constructor the files cannot tell (a dataclass, a base from a
+third package) or a class with a ``__getattr__`` is counted as undecidable, never as a fit or a failure.
+
+Which drift point handles a finding is the drift points' answer (``DriftPoint.handles_drift``), not this module's.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from ..entrypoints import called, entrypoints_of
+from .code_model import CodeModel, Definition, bound_params, dotted
+from .import_graph import plugin_graph
+from .model import why_call_fails, why_override_narrows
+from .source_tree import SourceTree
+
+KINDS = ("call", "abstract", "override", "attribute")
+_SKIPPED_OVERRIDES = frozenset({"__init__", "__new__", "__post_init__", "__init_subclass__", "__class_getitem__"})
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One behavioural drift: ``kind`` (``KINDS``), the vLLM object (``vllm_object``), the vllm-omni site (``site``
+    module, ``line``, ``plugin_object``), what no longer binds (``detail``) and the names it involves (parameters,
+    methods, attributes); ``via``: the vLLM module that calls or reads, for ``override`` / ``attribute``;
+    ``entrypoints``: the ids of the entrypoints whose modules reach it."""
+
+    kind: str
+    vllm_object: str
+    plugin_object: str
+    site: str
+    line: int
+    detail: str
+    names: tuple[str, ...] = ()
+    via: str | None = None
+    entrypoints: tuple[str, ...] = ()
+    stops_in: tuple[str, ...] = ()  # the entrypoints whose start runs the site (``call`` / ``abstract``)
+
+    def effect(self, entrypoint_id: str) -> str:
+        """What it does to an entrypoint it reaches: "stops" it (its start runs the site), fails "request"s (vLLM
+        calls or reads it serving one), or fails "when_used" (a feature whose code only runs when asked for)."""
+        if entrypoint_id in self.stops_in:
+            return "stops"
+        return "request" if self.endpoint() is not None else "when_used"
+
+    def endpoint(self) -> str | None:
+        """The request endpoint vLLM serves through the module that calls or reads (``via``)."""
+        from ..entrypoints import endpoint_of
+
+        return endpoint_of(self.via) if self.via and self.kind in ("override", "attribute") else None
+
+    @property
+    def key(self) -> tuple:
+        """What compares one finding across vLLM releases (lines and vLLM's module layout left out)."""
+        return (self.kind, self.plugin_object, self.vllm_object.rsplit(".", 2)[-2:] and
+                ".".join(self.vllm_object.rsplit(".", 2)[-2:]), self.names)
+
+    def describe(self) -> str:
+        return f"{self.vllm_object}: {self.detail} (in {self.site}:{self.line})"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "vllm_object": self.vllm_object, "plugin_object": self.plugin_object,
+                "site": f"{self.site}:{self.line}", "detail": self.detail, "names": list(self.names),
+                "via": self.via, "entrypoints": list(self.entrypoints)}
+
+
+@dataclass(frozen=True)
+class BehaviourDrift:
+    """The scan of one pair: ``findings`` new on the target against ``baseline`` (the vLLM version compared
+    against; None when no baseline could be read: every finding is reported), ``checked`` (call sites, classes and
+    overrides read), ``undecidable`` (what the files cannot tell) and ``baseline_note`` (why there is none)."""
+
+    findings: tuple[Finding, ...]
+    checked: int
+    undecidable: int
+    baseline: str | None
+    baseline_note: str = ""
+
+    def for_entrypoint(self, entrypoint_id: str) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if entrypoint_id in f.entrypoints)
+
+    def to_dict(self) -> dict:
+        return {"baseline": self.baseline, "baseline_note": self.baseline_note, "checked": self.checked,
+                "undecidable": self.undecidable, "findings": [f.to_dict() for f in self.findings]}
+
+
+# ------------------------------------------------------------------------------------------------ the scan
+
+
+def _walk(body, cls=None, func=None):
+    """``(node, enclosing top-level class, enclosing function name)`` for every node under ``body``."""
+    for node in body:
+        yield node, cls, func
+        if isinstance(node, ast.ClassDef):
+            yield from _walk(node.body, node if cls is None and func is None else cls, func)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield from _walk(node.body, cls, node.name if func is None else func)
+            yield from _walk(node.decorator_list + [a for a in node.args.defaults], cls, func)
+        else:
+            yield from _walk(list(ast.iter_child_nodes(node)), cls, func)
+
+
+class _Scan:
+    """One pass over the plugin modules an entrypoint reaches, against one host tree."""
+
+    def __init__(self, model: CodeModel, modules: dict[str, set[str]], host_modules: dict[str, set[str]]):
+        self.model = model
+        self.modules = modules  # plugin module -> ids of the entrypoints reaching it
+        self.host_modules = host_modules  # host module the plugin imports -> ids of the entrypoints importing it
+        self.findings: list[Finding] = []
+        self.checked = self.undecidable = 0
+        self.calls: dict[str, set[str]] = {}  # plugin function -> the plugin functions / classes it calls
+        self.held: dict[str, dict[str, Definition]] = {}
+        self.classes: list[Definition] = []  # the plugin's top-level classes in the modules read  # plugin class -> {self attribute: plugin class}
+
+    def run(self) -> list[Finding]:
+        classes = []
+        for module in sorted(self.modules):
+            tree = self.model.module_ast(module)
+            if tree is None:
+                continue
+            for node, cls, func in _walk(tree.body):
+                if isinstance(node, ast.Call):
+                    self._call(module, node, cls, func)
+                    if func is not None:
+                        self._edge(module, node, cls, func)
+                elif isinstance(node, ast.ClassDef) and cls is None and func is None:
+                    classes.append(Definition("plugin", module, node.name, node))
+        self.classes = classes
+        parents = {base.path for c in classes for base in self.model.mro(c)[1:] if isinstance(base, Definition)}
+        for cls in classes:
+            self._class(cls, is_leaf=cls.path not in parents)
+        return self.findings
+
+    # ------------------------------------------------------------------------------------ startup paths
+
+    def _edge(self, module: str, node: ast.Call, cls, func: str) -> None:
+        """Record what a call inside plugin function ``func`` runs of the plugin's own code: a function, a
+        class's constructor (and the class as built), a method of its own class (``self.m()``, ``super().m()``)."""
+        caller = ".".join(p for p in (module, cls.name if cls is not None else None, func) if p)
+        callee = node.func
+        targets = self.calls.setdefault(caller, set())
+        here = Definition("plugin", module, cls.name, cls) if cls is not None else None
+        if isinstance(callee, ast.Attribute) and isinstance(callee.value, ast.Name) \
+                and callee.value.id in ("self", "cls") and here is not None:
+            found = self.model.member(here, callee.attr)
+        elif isinstance(callee, ast.Attribute) and isinstance(callee.value, ast.Attribute) \
+                and isinstance(callee.value.value, ast.Name) and callee.value.value.id == "self" and here is not None:
+            held = self._held(here).get(callee.value.attr)  # self.runtime.initialize(): what self.runtime holds
+            found = self.model.member(held, callee.attr) if held is not None else None
+        elif isinstance(callee, ast.Attribute) and isinstance(callee.value, ast.Call) \
+                and dotted(callee.value.func) == "super" and here is not None:
+            found = self.model.member(here, callee.attr, after=here)
+        else:
+            written = dotted(callee)
+            found = self.model.resolve_expr(module, written) if written else None
+        # functions handed over as arguments (a process target, a callback) run too
+        for argument in [*node.args, *(k.value for k in node.keywords)]:
+            written = dotted(argument) if isinstance(argument, (ast.Name, ast.Attribute)) else None
+            if written and written.count(".") == 1 and written.startswith("self.") and here is not None:
+                passed = self.model.member(here, written[5:])  # threading.Thread(target=self._run)
+            else:
+                passed = self.model.resolve_expr(module, written) if written and "self" not in written else None
+            if isinstance(passed, Definition) and passed.side == "plugin":
+                targets.add(passed.path)
+        if isinstance(found, Definition) and found.side == "plugin":
+            targets.add(found.path)
+            init = self.model.constructor(found)[0] if found.is_class else None
+            if init is not None and init.side == "plugin":
+                targets.add(init.path)
+
+    def _held(self, cls: Definition) -> dict[str, Definition]:
+        """``{attribute: plugin class}`` for the ``self.x = Cls(...)`` assignments of ``cls``'s methods (and its
+        plugin bases'): what ``self.x.m()`` calls."""
+        if cls.path not in self.held:
+            found: dict[str, Definition] = {}
+            for candidate in reversed(self.model.mro(cls)):
+                if not isinstance(candidate, Definition) or candidate.side != "plugin":
+                    continue
+                for node in ast.walk(candidate.node):
+                    if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                        written = dotted(node.value.func)
+                        built = self.model.resolve_expr(candidate.module, written) if written else None
+                        if isinstance(built, Definition) and not built.is_class and built.side == "plugin":
+                            built = self._returned_class(built)  # self.runtime = create_runtime(...)
+                        if isinstance(built, Definition) and built.is_class and built.side == "plugin":
+                            for target in node.targets:
+                                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                                        and target.value.id == "self":
+                                    found[target.attr] = built
+            self.held[cls.path] = found
+        return self.held[cls.path]
+
+    def _returned_class(self, func: Definition) -> Definition | None:
+        """The plugin class a plugin factory function's return annotation names."""
+        returns = getattr(func.node, "returns", None)
+        written = dotted(returns) if isinstance(returns, (ast.Name, ast.Attribute)) else None
+        found = self.model.resolve_expr(func.module, written) if written else None
+        return found if isinstance(found, Definition) and found.is_class else None
+
+    def startup_paths(self, roots: dict[str, tuple[str, ...]]) -> dict[str, set[str]]:
+        """``{entrypoint id: plugin functions (and classes built) its start runs}``: everything the functions and
+        the constructors of the classes of its root modules call of the plugin's own code, transitively (through
+        ``self.m()`` and ``self.x.m()`` where ``self.x`` holds a plugin class it built; calls on other objects are
+        not followed: what they run counts as "when used")."""
+        found = {}
+        for entrypoint, modules in roots.items():
+            todo = [caller for caller in self.calls if caller.rpartition(".")[0] in modules
+                    or (caller.endswith(".__init__") and caller.rsplit(".", 2)[0] in modules)]
+            seen = set(todo)
+            while todo:
+                for target in self.calls.get(todo.pop(), ()):
+                    if target not in seen:
+                        seen.add(target)
+                        todo.append(target)
+            found[entrypoint] = seen
+        return found
+
+    def _add(self, kind, vllm_object, plugin_object, module, line, detail, names=(), via=None):
+        reach = self.modules.get(module, set())
+        if via is not None:
+            reach = reach & self.host_modules.get(via, set())
+        self.findings.append(Finding(kind, vllm_object, plugin_object, module, line, detail, tuple(names), via,
+                                     tuple(sorted(reach))))
+
+    # -------------------------------------------------------------------------------------------- calls
+
+    def _callee(self, module: str, node: ast.Call, cls) -> tuple[Definition | None, str]:
+        """(the host function a call binds against, how vllm-omni names it), or (None, "") when it is not a
+        call into vLLM (or cannot be told: counted as undecidable where it is one)."""
+        func = node.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call) \
+                and dotted(func.value.func) == "super" and cls is not None:
+            here = Definition("plugin", module, cls.name, cls)
+            target = self.model.member(here, func.attr, after=here)
+            if target is None:
+                if any(isinstance(b, Definition) and b.side == "host" for b in self.model.mro(here)):
+                    self.undecidable += 1
+                return None, ""
+            return (target, f"super().{func.attr}") if target.side == "host" else (None, "")
+        written = dotted(func)
+        if written is None or written.split(".")[0] in ("self", "cls", "super"):
+            return None, ""
+        resolved = self.model.resolve_expr(module, written)
+        if not isinstance(resolved, Definition):
+            if resolved is None and self._names_host(module, written):
+                self.undecidable += 1
+            return None, ""
+        if resolved.is_class:
+            init, why = self.model.constructor(resolved)
+            if init is None:
+                if resolved.side == "host" or any(isinstance(c, Definition) and c.side == "host"
+                                                  for c in self.model.mro(resolved)):
+                    self.undecidable += 1
+                return None, ""
+            return (init, written) if init.side == "host" else (None, "")
+        if resolved.side != "host":
+            return None, ""
+        if "." in resolved.name:  # Cls.method: only static and class methods are called through the class
+            kinds = {d.rsplit(".", 1)[-1] for d in (dotted(x) for x in resolved.node.decorator_list) if d}
+            if not kinds & {"staticmethod", "classmethod"}:
+                return None, ""
+        return resolved, written
+
+    def _names_host(self, module: str, written: str) -> bool:
+        binding = self.model.bindings(module).get(written.split(".")[0])
+        return binding is not None and binding[0] in ("import", "module") and \
+            self.model.side_of(binding[1]) == "host"
+
+    def _call(self, module: str, node: ast.Call, cls, func) -> None:
+        target, written = self._callee(module, node, cls)
+        if target is None:
+            return
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            self.undecidable += 1
+            return
+        params = bound_params(target.node) if "." in target.name else tuple(_plain(target.node))
+        if params is None:
+            return
+        self.checked += 1
+        keywords = tuple(k.arg for k in node.keywords)
+        why = why_call_fails(params, len(node.args), keywords)
+        if why is None:
+            return
+        where = ".".join(p for p in (module, cls.name if cls is not None else None, func) if p)
+        names = _names_in(why, params, keywords)
+        self._add("call", target.path, where, module, node.lineno,
+                  f"{written}(...) {why}; vLLM's {target.path} is {_render(params)}", names)
+
+    # ------------------------------------------------------------------------------------------ classes
+
+    def _class(self, cls: Definition, is_leaf: bool) -> None:
+        walk = self.model.mro(cls)
+        if not any(isinstance(c, Definition) and c.side == "host" for c in walk):
+            return
+        self.checked += 1
+        if is_leaf:
+            left, _complete = self.model.abstract_left(cls)
+            for name, declaring in left:
+                if declaring.side == "host":
+                    self._add("abstract", f"{declaring.path}.{name}", cls.path, cls.module, cls.node.lineno,
+                              f"{declaring.name} declares {name}() abstract and {cls.name} does not define it: "
+                              f"{cls.name}(...) raises TypeError (can't instantiate abstract class)", (name,))
+        for name, method in self.model.methods(cls).items():
+            if name in _SKIPPED_OVERRIDES:
+                continue
+            base = self.model.member(cls, name, after=cls)
+            if base is None or base.side != "host":
+                continue
+            base_params, params = bound_params(base.node), bound_params(method)
+            if base_params is None or params is None:
+                continue
+            self.checked += 1
+            through_instances = not {d.rsplit(".", 1)[-1] for d in map(dotted, base.node.decorator_list) if d} & {
+                "classmethod", "staticmethod"}  # vLLM calls its own class's, not this override
+            for param, why in why_override_narrows(base_params, params):
+                via = self._caller_of(name, param) if through_instances else None
+                self._add("override", base.path, f"{cls.path}.{name}", cls.module, method.lineno,
+                          f"{cls.name}.{name} {why}, which vLLM's {base.path} declares"
+                          + (f" and {via} passes" if via else ""), (param,), via)
+            self._stand_in(cls, base, method)
+
+    def _host_sources(self, needle: str):
+        """``(host module, parsed)`` of the vLLM modules the plugin imports whose text holds ``needle``."""
+        tree = self.model.trees["host"]
+        for module in sorted(self.host_modules):
+            relpath = self.model.module_file(module)
+            text = tree.read(relpath) if relpath else None
+            if text and needle in text:
+                parsed = self.model.module_ast(module)
+                if parsed is not None:
+                    yield module, parsed
+
+    def _caller_of(self, method: str, keyword: str) -> str | None:
+        """The first vLLM module the plugin imports that calls ``.method(..., keyword=...)``."""
+        for module, parsed in self._host_sources(f"{keyword}="):
+            for node in ast.walk(parsed):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and node.func.attr == method and any(k.arg == keyword for k in node.keywords):
+                    return module
+        return None
+
+    def _stand_in(self, cls: Definition, base: Definition, method) -> None:
+        """Attributes vLLM reads from what ``method`` returns in place of what vLLM's ``base`` returns."""
+        theirs, ours = base.node.returns, method.returns
+        if theirs is None or ours is None:
+            return
+        for host_cls in self._classes_in(base.module, theirs, "host"):
+            for plugin_cls in self._classes_in(cls.module, ours, "plugin"):
+                if any(isinstance(c, Definition) and c.path == host_cls.path for c in self.model.mro(plugin_cls)):
+                    continue  # a subclass has what its base has
+                self._attributes(host_cls, plugin_cls)
+
+    def _skipped_by_plugin(self, module: str, owner: str, method: str, parsed: ast.Module) -> bool:
+        """Whether vLLM's ``module.owner.method`` never runs for vllm-omni's objects: a vllm-omni class deriving
+        ``owner`` defines ``method`` itself, or every ``self.method()`` call of ``owner`` sits in methods that never
+        run (a helper of an overridden method). A method nothing of ``owner`` calls runs (vLLM calls it)."""
+        path = f"{module}.{owner}"
+        subclasses = [c for c in self.classes
+                      if any(isinstance(b, Definition) and b.path == path for b in self.model.mro(c)[1:])]
+        if not subclasses:
+            return False
+        cls_node = next((n for n in parsed.body if isinstance(n, ast.ClassDef) and n.name == owner), None)
+        callers: dict[str, set[str]] = {}  # method -> the methods of owner that call it through self
+        for item in (cls_node.body if cls_node is not None else ()):
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(item):
+                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                            and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
+                        callers.setdefault(node.func.attr, set()).add(item.name)
+
+        def skipped(name: str, seen: frozenset) -> bool:
+            if any((found := self.model.member(c, name)) is not None and found.side == "plugin" for c in subclasses):
+                return True
+            calling = callers.get(name, set()) - seen
+            return bool(calling) and all(skipped(c, seen | {name}) for c in calling)
+
+        return skipped(method, frozenset())
+
+    def _classes_in(self, module: str, annotation, side: str) -> list[Definition]:
+        found = []
+        for node in ast.walk(annotation):
+            written = dotted(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
+            resolved = self.model.resolve_expr(module, written) if written else None
+            if isinstance(resolved, Definition) and resolved.is_class and resolved.side == side \
+                    and resolved not in found:
+                found.append(resolved)
+        return found
+
+    def _attributes(self, host_cls: Definition, plugin_cls: Definition) -> None:
+        theirs, _ = self.model.instance_attributes(host_cls)
+        ours, complete = self.model.instance_attributes(plugin_cls)
+        if not complete:
+            self.undecidable += 1
+            return
+        self.checked += 1
+        reported = set()
+        for module, parsed in self._host_sources(host_cls.name):
+            for attribute, line, owner, method in _reads_of(parsed, host_cls.name):
+                if owner is not None and self._skipped_by_plugin(module, owner, method, parsed):
+                    continue  # vllm-omni's subclass runs its own method instead of this one
+                if attribute in theirs and attribute not in ours and not attribute.startswith("_") \
+                        and attribute not in reported:
+                    reported.add(attribute)
+                    self._add("attribute", f"{host_cls.path}.{attribute}", plugin_cls.path, plugin_cls.module,
+                              plugin_cls.node.lineno,
+                              f"vLLM reads .{attribute} from the {host_cls.name} objects {plugin_cls.name} is "
+                              f"handed in place of ({module}:{line}); {plugin_cls.name} does not define it",
+                              (attribute,), module)
+
+
+def _plain(func):
+    from .code_model import signature
+
+    return signature(func)
+
+
+def _render(params) -> str:
+    from .model import render_params
+
+    return render_params(params)
+
+
+def _names_in(why: str, params, keywords) -> tuple[str, ...]:
+    """The parameter names a binding failure is about (what a drift point that handles it matches on)."""
+    if why.startswith("takes "):
+        return ("*positional",)
+    words = set(re.findall(r"\w+", why.split("argument", 1)[-1]))
+    return tuple(sorted(words & ({p.name for p in params} | set(keywords))))
+
+
+def _reads_of(parsed: ast.Module, class_name: str):
+    """``(attribute, line, class, method)`` for each attribute read in ``parsed`` from a value its function
+    annotates with ``class_name`` (a parameter, an annotated variable, an element of one: ``for x in xs``,
+    ``xs[0]``); ``class`` and ``method`` name the enclosing method (None for a module-level function)."""
+    word = re.compile(rf"\b{re.escape(class_name)}\b")
+    functions = [(None, f) for f in parsed.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    functions += [(c.name, f) for c in parsed.body if isinstance(c, ast.ClassDef)
+                  for f in c.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for owner, func in functions:
+        typed = {a.arg for a in (*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs)
+                 if a.annotation is not None and word.search(ast.unparse(a.annotation))}
+        for node in ast.walk(func):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                    and word.search(ast.unparse(node.annotation)):
+                typed.add(node.target.id)
+        if not typed:
+            continue
+        changed = True
+        while changed:  # elements of typed values are typed
+            changed = False
+            for node in ast.walk(func):
+                if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and _root_name(node.iter) in typed:
+                    for name in ast.walk(node.target):
+                        if isinstance(name, ast.Name) and name.id not in typed:
+                            typed.add(name.id)
+                            changed = True
+        for node in ast.walk(func):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                value = node.value.value if isinstance(node.value, ast.Subscript) else node.value
+                if isinstance(value, ast.Name) and value.id in typed:
+                    yield node.attr, node.lineno, owner, func.name
+
+
+def _root_name(node) -> str | None:
+    while isinstance(node, (ast.Call, ast.Attribute, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+# -------------------------------------------------------------------------------------------- the pair
+
+
+def scan(plugin_tree: SourceTree, host_tree: SourceTree, plugin: str = "vllm_omni", host: str = "vllm"
+         ) -> tuple[list[Finding], int, int]:
+    """``(findings, checked, undecidable)`` of the plugin's modules that its entrypoints reach, against the host
+    tree, not yet compared with any baseline."""
+    graph = plugin_graph(plugin_tree, plugin, host, tuple(s for e in entrypoints_of(plugin) for s in e.scripts))
+    modules: dict[str, set[str]] = {}
+    for entrypoint in entrypoints_of(plugin):
+        roots = [r for r in entrypoint.roots if r in graph.modules]
+        roots += [called(s) for s in entrypoint.scripts if called(s) in graph.modules]
+        for module in set().union(*(graph.reached(r) for r in roots)) if roots else ():
+            modules.setdefault(module.removesuffix(" (functions)"), set()).add(entrypoint.id)
+    host_modules: dict[str, set[str]] = {}
+    for imported in graph.host_imports:
+        importer = imported.importer.removesuffix(" (functions)")
+        for name in ((imported.module,) if imported.module else imported.names):
+            host_modules.setdefault(name, set()).update(modules.get(importer, ()))
+    run = _Scan(CodeModel(plugin_tree, host_tree, plugin, host), modules, host_modules)
+    findings = run.run()
+    paths = run.startup_paths({e.id: tuple(r for r in (*e.roots, *e.scripts) if r in graph.modules)
+                               for e in entrypoints_of(plugin)})
+
+    def runs_at_start(finding: Finding, entrypoint_id: str) -> bool:
+        started = paths.get(entrypoint_id, set())
+        if finding.kind == "abstract":  # the class is built: its constructor or any method of it runs
+            return any(p == finding.plugin_object or p.startswith(finding.plugin_object + ".") for p in started)
+        return finding.kind == "call" and finding.plugin_object in started
+
+    findings = [dataclasses.replace(f, stops_in=tuple(e for e in f.entrypoints if runs_at_start(f, e)))
+                for f in findings]
+    return findings, run.checked, run.undecidable
+
+
+def own_vllm(omni_version: str | None) -> str | None:
+    """The vLLM a vllm-omni release was made for: the ``.0`` of its own minor (vllm-omni 0.24.0 -> vLLM 0.24.0;
+    each vllm-omni minor is released for the vLLM minor of the same number). None for an unknown version."""
+    match = re.match(r"(\d+)\.(\d+)", omni_version or "")
+    return f"{match.group(1)}.{match.group(2)}.0" if match else None
+
+
+def compare(target: list[Finding], baseline: list[Finding] | None) -> list[Finding]:
+    """The target's findings that the baseline does not have (all of them without a baseline), each once."""
+    known = {f.key for f in baseline or ()}
+    new, seen = [], set()
+    for finding in target:
+        if finding.key not in known and (finding.key, finding.line) not in seen:
+            seen.add((finding.key, finding.line))
+            new.append(finding)
+    return new
+
+
+def check_behaviour_drift(plugin_tree: SourceTree, host_tree: SourceTree, baseline_tree: SourceTree | None,
+                          baseline_version: str | None, baseline_note: str = "") -> BehaviourDrift | None:
+    """The behavioural drift of the plugin in ``plugin_tree`` on the vLLM in ``host_tree``, against the same scan
+    on ``baseline_tree`` (the vLLM the plugin was made for; None: no baseline, ``baseline_note`` says why). None
+    when either package is absent."""
+    if not plugin_tree.has_package("vllm_omni") or not host_tree.has_package("vllm"):
+        return None
+    findings, checked, undecidable = scan(plugin_tree, host_tree)
+    baseline = scan(plugin_tree, baseline_tree)[0] if baseline_tree is not None else None
+    return BehaviourDrift(tuple(compare(findings, baseline)), checked, undecidable,
+                          baseline_version if baseline_tree is not None else None, baseline_note)

@@ -1,0 +1,369 @@
+"""Two packages' Python code as definitions, read from files: names resolved across re-exports and across the two
+packages, classes with their bases, methods, attributes and abstract methods, and callables with the signature a
+call binds against.
+
+``CodeModel(plugin_tree, host_tree)`` answers for a plugin (vllm-omni) and the host it runs on (vLLM): it resolves
+``from vllm.x import Y`` in a plugin module to the def or class vLLM's files define for it (following ``from .z
+import Y`` re-exports), walks a class's bases in either package (left to right, depth first, each class once: C3
+order for the class trees these packages have), and says what ``Cls(...)`` binds against (the first ``__init__``
+on that walk). Where the files cannot tell (a base from a third package, a dataclass or pydantic model whose
+constructor is generated, a module ``__getattr__``), the answer is None: the caller counts it as undecidable,
+never as a fit.
+
+Each file is parsed once per process (``parsed``), whoever asks: the behavioural-drift scan, the drift points and
+the definitions reader share it.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from .host_index import absolute_module, host_index
+from .model import Param, ParamKind
+from .static import function_params as signature
+from .source_tree import SourceTree
+
+_PARSED: dict[tuple[str, str], ast.Module | None] = {}
+
+# Bases every class has, or that add nothing a call binds against or an attribute read finds.
+_TRIVIAL_BASES = frozenset({"object", "ABC", "abc.ABC", "Generic", "typing.Generic", "Protocol", "typing.Protocol"})
+# Decorators and bases that generate the constructor (its signature is not a def in the file).
+_GENERATED_INIT = frozenset({"dataclass", "dataclasses.dataclass", "NamedTuple", "typing.NamedTuple", "TypedDict",
+                             "BaseModel", "pydantic.BaseModel", "Enum", "IntEnum", "StrEnum", "enum.Enum",
+                             "msgspec.Struct", "Struct", "attr.s", "attrs.define", "define", "frozen",
+                             "config", "OpenAIBaseModel"})
+
+
+def parsed(tree: SourceTree, relpath: str) -> ast.Module | None:
+    """The parsed module at ``relpath`` of ``tree`` (None when missing or not Python 3 source); parsed once per
+    process and tree."""
+    key = (str(tree.root), relpath)
+    if key not in _PARSED:
+        text = tree.read(relpath)
+        try:
+            _PARSED[key] = ast.parse(text) if text is not None else None
+        except SyntaxError:
+            _PARSED[key] = None
+    return _PARSED[key]
+
+
+def dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a Name / Attribute chain (a call's function, a base, a decorator); None otherwise."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Call):  # @decorator(...)
+        return dotted(node.func)
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def decorator_names(node) -> set[str]:
+    return {name for name in (dotted(d) for d in node.decorator_list) if name}
+
+
+def is_abstract(func) -> bool:
+    return any(name.rsplit(".", 1)[-1] == "abstractmethod" for name in decorator_names(func))
+
+
+def bound_params(func) -> tuple[Param, ...] | None:
+    """The parameters a call through an instance or the class binds (``self`` / ``cls`` dropped; a staticmethod
+    keeps all); None for a property."""
+    names = {n.rsplit(".", 1)[-1] for n in decorator_names(func)}
+    if "property" in names or "cached_property" in names:
+        return None
+    params = signature(func)
+    if "staticmethod" in names:
+        return params
+    return params[1:] if params and params[0].kind == ParamKind.POSITIONAL else params
+
+
+@dataclass(frozen=True)
+class Definition:
+    """A def or class found in one of the two packages: ``module`` (where it is defined), ``name`` (its qualified
+    name in the module: ``Cls`` or ``Cls.method``), ``node`` and ``side`` ("plugin" or "host")."""
+
+    side: str
+    module: str
+    name: str
+    node: ast.AST = field(compare=False, repr=False)
+
+    @property
+    def path(self) -> str:
+        return f"{self.module}.{self.name}"
+
+    @property
+    def is_class(self) -> bool:
+        return isinstance(self.node, ast.ClassDef)
+
+
+class CodeModel:
+    """The plugin's and the host's code, each in its tree (see the module docstring)."""
+
+    def __init__(self, plugin_tree: SourceTree, host_tree: SourceTree, plugin: str = "vllm_omni", host: str = "vllm"):
+        self.trees = {"plugin": plugin_tree, "host": host_tree}
+        self.packages = {"plugin": plugin, "host": host}
+        self._bindings: dict[tuple[str, str], dict] = {}
+        self._mro: dict[str, tuple] = {}
+
+    # ------------------------------------------------------------------------------------------- modules
+
+    def side_of(self, module: str) -> str | None:
+        for side, package in self.packages.items():
+            if module == package or module.startswith(package + "."):
+                return side
+        return None
+
+    def module_file(self, module: str) -> str | None:
+        side = self.side_of(module)
+        if side is None:
+            return None
+        found = host_index(self.trees[side]).module_file(module)
+        return found if isinstance(found, str) else None
+
+    def module_ast(self, module: str) -> ast.Module | None:
+        relpath = self.module_file(module)
+        return parsed(self.trees[self.side_of(module)], relpath) if relpath else None
+
+    def bindings(self, module: str) -> dict:
+        """``{name: binding}`` of a module: ``("def", node)`` for its defs and classes, ``("import", module, name)``
+        for ``from module import name``, ``("module", module)`` for ``import a.b as m`` (and ``import a.b``: ``a``),
+        ``("value", None)`` for other assignments; function-level imports count too (a plugin module's calls are
+        read in its functions). The last binding of a name wins, as at run time; module-level ``if`` / ``try``
+        blocks are read, ``if TYPE_CHECKING`` is not."""
+        key = ("module", module)
+        if key in self._bindings:
+            return self._bindings[key]
+        tree = self.module_ast(module)
+        found: dict = {}
+        self._bindings[key] = found
+        if tree is None:
+            return found
+        relpath = self.module_file(module)
+        package = module if relpath.endswith("__init__.py") else module.rpartition(".")[0]
+        self._bind_block(tree.body, package, found, top=True)
+        return found
+
+    def _bind_block(self, body, package: str, found: dict, top: bool) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if top:
+                    found[node.name] = ("def", node)
+                if not isinstance(node, ast.ClassDef):
+                    self._bind_functions(node.body, package, found)
+                else:
+                    for item in node.body:
+                        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                            self._bind_functions(item.body, package, found)
+            elif isinstance(node, ast.ImportFrom):
+                source = absolute_module(node, package)
+                for alias in node.names:
+                    if source and alias.name != "*":
+                        found[alias.asname or alias.name] = ("import", source, alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    found[alias.asname or alias.name.split(".")[0]] = (
+                        "module", alias.name if alias.asname else alias.name.split(".")[0])
+            elif top and isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Name):
+                        found[target.id] = ("value", None)
+            elif isinstance(node, ast.If):
+                if "TYPE_CHECKING" not in ast.unparse(node.test):
+                    self._bind_block(node.body, package, found, top)
+                self._bind_block(node.orelse, package, found, top)
+            elif isinstance(node, ast.Try):
+                self._bind_block(node.body, package, found, top)
+                for handler in node.handlers:
+                    self._bind_block(handler.body, package, found, top)
+                self._bind_block(node.orelse, package, found, top)
+
+    def _bind_functions(self, body, package: str, found: dict) -> None:
+        """Imports inside a function body (vllm-omni imports heavy vLLM names where it uses them)."""
+        for node in ast.walk(ast.Module(body=body, type_ignores=[])):
+            if isinstance(node, ast.ImportFrom):
+                source = absolute_module(node, package)
+                for alias in node.names:
+                    if source and alias.name != "*":
+                        found.setdefault(alias.asname or alias.name, ("import", source, alias.name))
+
+    # -------------------------------------------------------------------------------------------- names
+
+    def resolve(self, module: str, name: str, _depth: int = 0) -> Definition | str | None:
+        """What ``from module import name`` binds: a ``Definition`` (a def or class), the dotted name of a module
+        (``name`` is a submodule, or an imported module), or None when the files cannot tell (another
+        distribution, an assignment, a module ``__getattr__``, a missing name)."""
+        if _depth > 20 or self.side_of(module) is None:
+            return None
+        if self.module_file(f"{module}.{name}") is not None or (
+                host_index(self.trees[self.side_of(module)]).module_file(f"{module}.{name}") is True):
+            return f"{module}.{name}"
+        binding = self.bindings(module).get(name)
+        if binding is None:
+            return self._star_export(module, name, _depth)
+        if binding[0] == "def":
+            return Definition(self.side_of(module), module, name, binding[1])
+        if binding[0] == "import":
+            return self.resolve(binding[1], binding[2], _depth + 1)
+        if binding[0] == "module":
+            return binding[1]
+        return None
+
+    def _star_export(self, module: str, name: str, depth: int):
+        tree = self.module_ast(module)
+        if tree is None:
+            return None
+        relpath = self.module_file(module)
+        package = module if relpath.endswith("__init__.py") else module.rpartition(".")[0]
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+                source = absolute_module(node, package)
+                found = self.resolve(source, name, depth + 1) if source else None
+                if found is not None:
+                    return found
+        return None
+
+    def resolve_expr(self, module: str, expr: str) -> Definition | str | None:
+        """``Name`` or ``a.b.Name`` as written in ``module`` (a call's function, a base), resolved through the
+        module's bindings, attribute by attribute (a module's member, a class's method)."""
+        head, *rest = expr.split(".")
+        binding = self.bindings(module).get(head)
+        if binding is None:
+            return None
+        current = (Definition(self.side_of(module), module, head, binding[1]) if binding[0] == "def"
+                   else self.resolve(binding[1], binding[2]) if binding[0] == "import"
+                   else binding[1] if binding[0] == "module" else None)
+        for part in rest:
+            if isinstance(current, str):
+                current = self.resolve(current, part)
+            elif isinstance(current, Definition) and current.is_class:
+                current = self.member(current, part)
+            else:
+                return None
+        return current
+
+    # ------------------------------------------------------------------------------------------ classes
+
+    def bases(self, cls: Definition) -> list[Definition | str]:
+        """The class's bases: each a class ``Definition`` or, where the files cannot follow it, its name as
+        written (``Generic[T]`` counts as ``Generic``)."""
+        found = []
+        for base in cls.node.bases:
+            target = base.value if isinstance(base, ast.Subscript) else base
+            written = dotted(target) or ast.unparse(base)
+            resolved = self.resolve_expr(cls.module, written) if dotted(target) else None
+            found.append(resolved if isinstance(resolved, Definition) and resolved.is_class else written)
+        return found
+
+    def mro(self, cls: Definition) -> tuple[Definition | str, ...]:
+        """``cls`` and its bases, left to right and depth first, each once; unresolved bases as their names."""
+        if cls.path in self._mro:
+            return self._mro[cls.path]
+        self._mro[cls.path] = (cls,)  # a cycle (a name rebound to a subclass) ends here
+        order, seen = [], set()
+
+        def walk(current):
+            key = current.path if isinstance(current, Definition) else current
+            if key in seen:
+                return
+            seen.add(key)
+            order.append(current)
+            if isinstance(current, Definition):
+                for base in self.bases(current):
+                    walk(base)
+
+        walk(cls)
+        self._mro[cls.path] = tuple(order)
+        return self._mro[cls.path]
+
+    def methods(self, cls: Definition) -> dict[str, ast.AST]:
+        return {n.name: n for n in cls.node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+    def own_attributes(self, cls: Definition) -> set[str]:
+        """Names a class defines for its instances: methods, class-level assignments and annotated fields, and
+        ``self.x = ...`` in its methods."""
+        names = set(self.methods(cls))
+        for node in cls.node.body:
+            if isinstance(node, ast.Assign):
+                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+        for method in self.methods(cls).values():
+            for node in ast.walk(method):
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                        and isinstance(node.value, ast.Name) and node.value.id == "self":
+                    names.add(node.attr)
+        return names
+
+    def member(self, cls: Definition, name: str, after: Definition | None = None) -> Definition | None:
+        """The first class on ``cls``'s walk (after ``after``, for ``super()``) defining method ``name``, as a
+        ``Definition`` of the method; None when none does or an unresolved base comes first."""
+        walk = self.mro(cls)
+        if after is not None:
+            keys = [c.path if isinstance(c, Definition) else c for c in walk]
+            walk = walk[keys.index(after.path) + 1:] if after.path in keys else ()
+        for candidate in walk:
+            if not isinstance(candidate, Definition):
+                if candidate in _TRIVIAL_BASES:
+                    continue
+                return None
+            method = self.methods(candidate).get(name)
+            if method is not None:
+                return Definition(candidate.side, candidate.module, f"{candidate.name}.{name}", method)
+        return None
+
+    def constructor(self, cls: Definition) -> tuple[Definition | None, str]:
+        """``(the __init__ that Cls(...) binds against, "")``, or ``(None, why)`` when the files cannot tell: a
+        generated constructor (dataclass, NamedTuple, pydantic), an unresolved base before any ``__init__``, a
+        ``__new__`` or a metaclass. A class whose walk has no ``__init__`` takes no arguments (``object``'s)."""
+        for candidate in self.mro(cls):
+            if not isinstance(candidate, Definition):
+                if candidate in _TRIVIAL_BASES:
+                    continue
+                return None, f"base {candidate} is not in either package's files"
+            generated = {n.rsplit(".", 1)[-1] for n in decorator_names(candidate.node)} | {
+                (dotted(b) or "").rsplit(".", 1)[-1] for b in candidate.node.bases}
+            if generated & {g.rsplit(".", 1)[-1] for g in _GENERATED_INIT} or candidate.node.keywords:
+                return None, f"{candidate.path}'s constructor is generated"
+            methods = self.methods(candidate)
+            if "__new__" in methods:
+                return None, f"{candidate.path} defines __new__"
+            if "__init__" in methods:
+                return Definition(candidate.side, candidate.module, f"{candidate.name}.__init__",
+                                  methods["__init__"]), ""
+        return None, "no __init__ found"
+
+    def abstract_left(self, cls: Definition) -> tuple[list[tuple[str, Definition]], bool]:
+        """``([(method, the class declaring it abstract)], complete)``: the abstract methods ``cls`` leaves
+        undefined (the first class on its walk defining the name declares it abstract); ``complete`` is False
+        when an unresolved base might define some."""
+        walk = self.mro(cls)
+        complete = all(isinstance(c, Definition) or c in _TRIVIAL_BASES for c in walk)
+        declared = {name for c in walk if isinstance(c, Definition)
+                    for name, m in self.methods(c).items() if is_abstract(m)}
+        left = []
+        for name in sorted(declared):
+            for candidate in walk:
+                if not isinstance(candidate, Definition):
+                    continue
+                method = self.methods(candidate).get(name)
+                if method is not None or name in self.own_attributes(candidate) - set(self.methods(candidate)):
+                    if method is not None and is_abstract(method):
+                        left.append((name, candidate))
+                    break
+        return left, complete
+
+    def instance_attributes(self, cls: Definition) -> tuple[set[str], bool]:
+        """``(names an instance of cls has, complete)``: ``own_attributes`` along its walk; ``complete`` is False
+        when an unresolved base or a ``__getattr__`` may provide more."""
+        names, complete = set(), True
+        for candidate in self.mro(cls):
+            if not isinstance(candidate, Definition):
+                complete = complete and candidate in _TRIVIAL_BASES
+                continue
+            names |= self.own_attributes(candidate)
+        return names, complete and "__getattr__" not in names and "__getattribute__" not in names
