@@ -187,11 +187,14 @@ def run(vllm: CheckInput, omni: CheckInput) -> CheckResult:
     from .reporting import Report
 
     site = StaticSite(vllm.tree, omni.tree, {"vllm": vllm.version, "vllm-omni": omni.version, "torch": None})
+    # the behavioural scan's baseline, vllm-omni's own vLLM, is fetched like the inputs when this package ships none
+    site.fetch_own_vllm = vllm.source in ("downloaded", "cache")
     planned = plan(site, read_controls())
     decisions = [d for _, _, d in planned]
     static = SiteFacts("static", site.versions, {entry.id: facts for entry, facts, _ in planned})
     # A fresh install of vllm_compat puts the startup hook in place, so bridges act before `import vllm_omni`.
     report = Report(mode="static", static=static, patches=decisions, _import_drift=site.import_drift,
+                    _behaviour_drift=lambda: site.behaviour_drift,
                     judge_packages=False, startup_hook=True)
     # Install conflicts from both wheels' Requires-Dist (the index is asked only when an input came from it).
     from .dependency_drift import check_dependency_drift

@@ -160,6 +160,10 @@ class DriftPoint:
     capability_names: tuple[str, ...] = ()
     switches: tuple[str, ...] = ()  # the VLLM_COMPAT_* variables check_controls validates
     imported_by_doctor = False
+    # The behavioural drift it handles where it acts (``detect.behaviour_drift``): (kind, vLLM object, vllm-omni
+    # object, name) glob patterns, matched by ``handles``; a finding none of the acting drift points handles stops
+    # the verdict.
+    handles_drift: tuple[tuple[str, str, str, str], ...] = ()
 
     def __init__(self) -> None:
         self._entry = None
@@ -188,6 +192,10 @@ class DriftPoint:
 
         return self.decision(Action.REFUSED, f"{what}; left unpatched. Set VLLM_COMPAT_DISABLE_PATCHES={self.id} "
                              "to silence this, or upgrade vllm_compat")
+
+    def handles(self, finding) -> bool:
+        """Whether this drift point, where it acts, makes the behavioural drift ``finding`` fit (``handles_drift``)."""
+        return any(finding.matches(*pattern) for pattern in self.handles_drift)
 
     # ---- facts and the decision ----
 

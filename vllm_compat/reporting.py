@@ -20,6 +20,8 @@ class Report:
     # ``...`` means the installed pair, computed on first use (~1 s) so header_line() stays cheap; a callable is
     # called on first use for it; None when vllm-omni or vLLM is absent.
     _import_drift: object = field(default=..., repr=False)
+    # Behavioural drift of the pair (detect.behaviour_drift): as ``_import_drift`` (``...``: the installed pair).
+    _behaviour_drift: object = field(default=..., repr=False)
     # Whether what each entrypoint imports from other distributions must be installed here: the doctor's installed
     # pair; ``check`` reads wheels, whose installs bring their requirements.
     judge_packages: bool = True
@@ -37,6 +39,16 @@ class Report:
         return self._dependency_drift
 
     @property
+    def behaviour_drift(self):
+        if self._behaviour_drift is ...:
+            from .detect.static import StaticSite
+
+            self._behaviour_drift = StaticSite.installed().installed_behaviour_drift()
+        elif callable(self._behaviour_drift):
+            self._behaviour_drift = self._behaviour_drift()
+        return self._behaviour_drift
+
+    @property
     def import_drift(self):
         """The import drift with the decided bridges applied: a bridged name no longer counts, and for
         ``import vllm_omni`` only when the startup hook puts the bridge in place in time."""
@@ -50,14 +62,15 @@ class Report:
             return None
         if self.judge_packages and not self._packages_judged:
             self._import_drift, self._packages_judged = self._import_drift.judged_installed(), True
-        from .bridges import left_out_by_decisions, provided_by_decisions
+        from .bridges import drift_handler, left_out_by_decisions, provided_by_decisions
 
         if self.startup_hook is None:
             from ._startup import is_installed
 
             self.startup_hook = is_installed()
         return self._import_drift.with_bridges(provided_by_decisions(self.patches), self.startup_hook,
-                                               left_out_by_decisions(self.patches))
+                                               left_out_by_decisions(self.patches)).with_behaviour(
+            self.behaviour_drift, drift_handler(self.patches))
 
     @property
     def plugin_will_not_import(self) -> bool:
@@ -166,6 +179,12 @@ class Report:
                 f"WILL NOT START: vllm-omni will not import on this vLLM ({', '.join(drift.still_blocking_names)} "
                 "missing) and vllm_compat has no bridge for it; nothing of it can run here, patched or not."))
         stopped = [st for st in drift.statuses if st.status == "will_not_start"] if drift is not None else []
+        failing = [st for st in drift.statuses if st.status == "fails_on_request"] if drift is not None else []
+        if failing and not stopped:
+            return Verdict("fails_on_request", 1, "FAILS ON REQUEST: " + "; ".join(
+                f"{st.label} starts, but every {', '.join(st.endpoints_failing)} request fails ("
+                + "; ".join(f.describe() for f in st.drift) + ")" for st in failing)
+                + " and vllm_compat has nothing that handles it.")
         if stopped:
             started = [st for st in drift.statuses if st.starts]
             patched = [d.name for d in self.patches if d.action == "patched"]
@@ -203,10 +222,13 @@ class Report:
 
 
 def _why_stopped(status) -> str:
-    """What stops one entrypoint: packages this env lacks, then vLLM names no bridge provides."""
+    """What stops one entrypoint: packages this env lacks, then vLLM names no bridge provides, then behavioural drift
+    nothing handles."""
     parts = [f"{', '.join(status.not_installed)} not installed here"] if status.not_installed else []
     if status.missing_in_vllm:
         parts.append(f"{', '.join(status.missing_in_vllm)} missing, no bridge in vllm_compat")
+    if status.stopping_drift:
+        parts.append("; ".join(f.describe() for f in status.stopping_drift) + ", nothing in vllm_compat handles it")
     return "; ".join(parts)
 
 
@@ -273,7 +295,8 @@ def render_import_drift(drift, indent: str = "             ", shown: int = 3) ->
 
 
 ENTRYPOINT_STATUS_TEXT = {"works": "starts natively", "works_with_vllm_compat": "starts with vllm_compat",
-                          "will_not_start": "WILL NOT START", "absent": "not in this vllm-omni release"}
+                          "will_not_start": "WILL NOT START", "fails_on_request": "starts, FAILS ON REQUEST",
+                          "absent": "not in this vllm-omni release"}
 
 
 def render_entrypoints(drift, indent: str = "    ") -> list[str]:
@@ -295,6 +318,12 @@ def render_entrypoints(drift, indent: str = "    ") -> list[str]:
             first.setdefault(u.target, u)
         lines += [f"{indent}  still stops it: {name} (in {first[name].importer}:{first[name].line}"
                   + ("; not installed here)" if name in st.not_installed else ")") for name in sorted(first)]
+        lines += [f"{indent}  " + ("still stops it: " if f.effect(st.id) == "stops" else f"fails on {f.endpoint()}: ")
+                  + f.describe() for f in st.drift]
+        if st.when_used:
+            lines.append(f"{indent}  fails when used ({len(st.when_used)} call(s) into vLLM that no longer fit, in "
+                         f"code its start does not run): " + "; ".join(f.describe() for f in st.when_used[:2])
+                         + (f"; +{len(st.when_used) - 2} more (--json)" if len(st.when_used) > 2 else ""))
     return lines
 
 

@@ -127,6 +127,26 @@ def provided_by_decisions(decisions) -> dict[str, str]:
     return provided
 
 
+def drift_handler(decisions):
+    """``handler(finding) -> entry id | None``: the first drift point decided "patched" among ``decisions`` that
+    handles the behavioural-drift finding (``DriftPoint.handles``)."""
+    from ..catalogue import entry as catalogue_entry
+
+    acting = []
+    for decision in decisions:
+        if decision.action == "patched":
+            try:
+                acting.append(catalogue_entry(decision.name))
+            except KeyError:
+                continue
+    acting = [e for e in acting if e.point.handles_drift]
+
+    def handler(finding) -> str | None:
+        return next((e.id for e in acting if e.point.handles(finding)), None)
+
+    return handler
+
+
 def left_out_by_decisions(decisions) -> dict[str, str]:
     """{entry id: what it leaves out} for every bridge decided "patched" whose stand-in provides a name for the
     import only (``Decision.leaves_out``)."""

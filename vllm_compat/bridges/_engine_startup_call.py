@@ -245,6 +245,10 @@ class CallAdapter(DriftPoint):
     def caller_file(self) -> str:
         return self.target_module.replace(".", "/") + ".py"
 
+    @property
+    def handles_drift(self):
+        return (("call", f"*.{NAME}", f"{self.target_module}.*", "*"),)
+
     def make_adapter(self, original, launch_cls: type, proc_manager_cls: type):
         return make_adapter(original, launch_cls, proc_manager_cls, self.id, self.target_module)
 

@@ -88,6 +88,7 @@ def omni_shape_from_function(function) -> str:
 
 
 class AsyncOmniSessionId(DriftPoint):
+    handles_drift = (("override", "*.EngineClient.generate", "*.AsyncOmni.generate", "session_id"),)
     def detect_static(self, site) -> SessionIdFacts:
         vllm = vllm_shape_from_source(site.vllm_tree.read(SERVING_FILE)) if site.vllm_tree.has_package(
             "vllm") else Shape.ABSENT

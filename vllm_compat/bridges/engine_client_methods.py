@@ -110,6 +110,7 @@ def _raising(name: str, is_async: bool):
 
 
 class EngineClientMethods(DriftPoint):
+    handles_drift = (("abstract", "*.EngineClient.*", "*.AsyncOmni", "*"),)
     def detect_static(self, site) -> EngineClientFacts:
         declared = abstract_methods(site.vllm_tree.read(PROTOCOL_FILE)) if site.vllm_tree.has_package("vllm") else None
         defined = defined_methods(site.omni_tree, CLIENT_FILE, self.target)

@@ -86,6 +86,7 @@ STAND_IN = EcTransferParams()  # one object, so a revert and a second apply put 
 
 
 class OmniOutputEcTransferParams(ClassAttributeStandIn):
+    handles_drift = (("attribute", "*.ec_transfer_params", "*.OmniRequestOutput", "ec_transfer_params"),)
     class_name, name, stand_in = CLASS_NAME, NAME, STAND_IN
 
     def detect_static(self, site) -> EcTransferFacts:

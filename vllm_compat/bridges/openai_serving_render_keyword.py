@@ -131,6 +131,7 @@ def needs_adapting(cls) -> bool:
 
 
 class OpenAIServingRenderKeyword(DriftPoint):
+    handles_drift = (("call", "*", "*", "openai_serving_render"),)
     def detect_static(self, site) -> ServingKeywordFacts:
         caller, names = callers_from_source(site.omni_tree.read(CALLER_FILE))
         if not names or not site.vllm_tree.has_package("vllm"):

@@ -96,6 +96,7 @@ def caller_shape_from_source(source: str | None) -> tuple[str, str]:
 
 
 class SetupServerCall(DriftPoint):
+    handles_drift = (("call", "*.setup_server", "*", "reuse_port"),)
     def _facts(self, callee, caller) -> SetupServerFacts:
         return SetupServerFacts(callee[0], caller[0], "; ".join(d for d in (callee[1], caller[1]) if d))
 

@@ -58,6 +58,7 @@ class Finding:
     via: str | None = None
     entrypoints: tuple[str, ...] = ()
     stops_in: tuple[str, ...] = ()  # the entrypoints whose start runs the site (``call`` / ``abstract``)
+    signature: str = ""  # ``call``: the vLLM callable's parameters on the target
 
     def effect(self, entrypoint_id: str) -> str:
         """What it does to an entrypoint it reaches: "stops" it (its start runs the site), fails "request"s (vLLM
@@ -73,10 +74,19 @@ class Finding:
         return endpoint_of(self.via) if self.via and self.kind in ("override", "attribute") else None
 
     @property
-    def key(self) -> tuple:
-        """What compares one finding across vLLM releases (lines and vLLM's module layout left out)."""
-        return (self.kind, self.plugin_object, self.vllm_object.rsplit(".", 2)[-2:] and
-                ".".join(self.vllm_object.rsplit(".", 2)[-2:]), self.names)
+    def key(self) -> str:
+        """What compares one finding across vLLM releases: kind, vllm-omni object, the vLLM object's last two parts
+        (its module moves between releases) and the names involved; lines left out."""
+        return "|".join((self.kind, self.plugin_object, ".".join(self.vllm_object.rsplit(".", 2)[-2:]),
+                         ",".join(self.names)))
+
+    def matches(self, kind: str, vllm_object: str = "*", plugin_object: str = "*", name: str = "*") -> bool:
+        """Whether this finding is of ``kind`` and its vLLM object, vllm-omni object and one of its names match the
+        glob patterns (what a drift point says it handles: ``DriftPoint.handles_drift``)."""
+        from fnmatch import fnmatchcase
+
+        return kind == self.kind and fnmatchcase(self.vllm_object, vllm_object) \
+            and fnmatchcase(self.plugin_object, plugin_object) and any(fnmatchcase(n, name) for n in self.names or ("",))
 
     def describe(self) -> str:
         return f"{self.vllm_object}: {self.detail} (in {self.site}:{self.line})"
@@ -84,7 +94,8 @@ class Finding:
     def to_dict(self) -> dict:
         return {"kind": self.kind, "vllm_object": self.vllm_object, "plugin_object": self.plugin_object,
                 "site": f"{self.site}:{self.line}", "detail": self.detail, "names": list(self.names),
-                "via": self.via, "entrypoints": list(self.entrypoints)}
+                "via": self.via, "entrypoints": list(self.entrypoints), "stops": list(self.stops_in),
+                "signature": self.signature}
 
 
 @dataclass(frozen=True)
@@ -239,12 +250,12 @@ class _Scan:
             found[entrypoint] = seen
         return found
 
-    def _add(self, kind, vllm_object, plugin_object, module, line, detail, names=(), via=None):
+    def _add(self, kind, vllm_object, plugin_object, module, line, detail, names=(), via=None, signature=""):
         reach = self.modules.get(module, set())
         if via is not None:
             reach = reach & self.host_modules.get(via, set())
         self.findings.append(Finding(kind, vllm_object, plugin_object, module, line, detail, tuple(names), via,
-                                     tuple(sorted(reach))))
+                                     tuple(sorted(reach)), signature=signature))
 
     # -------------------------------------------------------------------------------------------- calls
 
@@ -307,8 +318,8 @@ class _Scan:
             return
         where = ".".join(p for p in (module, cls.name if cls is not None else None, func) if p)
         names = _names_in(why, params, keywords)
-        self._add("call", target.path, where, module, node.lineno,
-                  f"{written}(...) {why}; vLLM's {target.path} is {_render(params)}", names)
+        self._add("call", target.path, where, module, node.lineno, f"{written}(...) {why}", names,
+                  signature=f"{target.name.rsplit('.', 1)[-1]}{_render(params)}")
 
     # ------------------------------------------------------------------------------------------ classes
 
@@ -322,8 +333,8 @@ class _Scan:
             for name, declaring in left:
                 if declaring.side == "host":
                     self._add("abstract", f"{declaring.path}.{name}", cls.path, cls.module, cls.node.lineno,
-                              f"{declaring.name} declares {name}() abstract and {cls.name} does not define it: "
-                              f"{cls.name}(...) raises TypeError (can't instantiate abstract class)", (name,))
+                              f"abstract in {declaring.name}, not defined by {cls.name}: {cls.name}(...) raises "
+                              "TypeError", (name,))
         for name, method in self.model.methods(cls).items():
             if name in _SKIPPED_OVERRIDES:
                 continue
@@ -339,7 +350,7 @@ class _Scan:
             for param, why in why_override_narrows(base_params, params):
                 via = self._caller_of(name, param) if through_instances else None
                 self._add("override", base.path, f"{cls.path}.{name}", cls.module, method.lineno,
-                          f"{cls.name}.{name} {why}, which vLLM's {base.path} declares"
+                          f"{cls.name}.{name} {why}, which vLLM's base declares"
                           + (f" and {via} passes" if via else ""), (param,), via)
             self._stand_in(cls, base, method)
 
@@ -427,8 +438,8 @@ class _Scan:
                     reported.add(attribute)
                     self._add("attribute", f"{host_cls.path}.{attribute}", plugin_cls.path, plugin_cls.module,
                               plugin_cls.node.lineno,
-                              f"vLLM reads .{attribute} from the {host_cls.name} objects {plugin_cls.name} is "
-                              f"handed in place of ({module}:{line}); {plugin_cls.name} does not define it",
+                              f"vLLM reads .{attribute} ({module}:{line}) from the {plugin_cls.name} it gets in "
+                              f"place of {host_cls.name}, which does not define it",
                               (attribute,), module)
 
 
@@ -533,25 +544,63 @@ def own_vllm(omni_version: str | None) -> str | None:
     return f"{match.group(1)}.{match.group(2)}.0" if match else None
 
 
-def compare(target: list[Finding], baseline: list[Finding] | None) -> list[Finding]:
-    """The target's findings that the baseline does not have (all of them without a baseline), each once."""
-    known = {f.key for f in baseline or ()}
-    new, seen = [], set()
-    for finding in target:
-        if finding.key not in known and (finding.key, finding.line) not in seen:
-            seen.add((finding.key, finding.line))
-            new.append(finding)
-    return new
-
-
-def check_behaviour_drift(plugin_tree: SourceTree, host_tree: SourceTree, baseline_tree: SourceTree | None,
-                          baseline_version: str | None, baseline_note: str = "") -> BehaviourDrift | None:
-    """The behavioural drift of the plugin in ``plugin_tree`` on the vLLM in ``host_tree``, against the same scan
-    on ``baseline_tree`` (the vLLM the plugin was made for; None: no baseline, ``baseline_note`` says why). None
-    when either package is absent."""
+def check_behaviour_drift(plugin_tree: SourceTree, host_tree: SourceTree, omni_version: str | None,
+                          baseline_tree=None) -> BehaviourDrift | None:
+    """The behavioural drift of the vllm-omni in ``plugin_tree`` on the vLLM in ``host_tree``: what is new against
+    the same scan on vllm-omni's own vLLM (``own_vllm``). That scan's findings come from the baselines this
+    package ships (``behaviour_baselines``, made from the release wheels), else from ``baseline_tree`` (a callable
+    returning the own vLLM's tree, or None when it cannot be had); without either every finding is reported and
+    ``baseline_note`` says so. None when either package is absent."""
     if not plugin_tree.has_package("vllm_omni") or not host_tree.has_package("vllm"):
         return None
+    from .behaviour_baselines import BASELINES
+
     findings, checked, undecidable = scan(plugin_tree, host_tree)
-    baseline = scan(plugin_tree, baseline_tree)[0] if baseline_tree is not None else None
-    return BehaviourDrift(tuple(compare(findings, baseline)), checked, undecidable,
-                          baseline_version if baseline_tree is not None else None, baseline_note)
+    own = own_vllm(omni_version)
+    known, note = None, ""
+    if omni_version in BASELINES:
+        own, known = BASELINES[omni_version]
+    elif callable(baseline_tree):
+        tree, note = baseline_tree(own)
+        known = {f.key for f in scan(plugin_tree, tree)[0]} if tree is not None else None
+    else:
+        note = f"no baseline for vllm-omni {omni_version or '?'} (its own vLLM {own or '?'} was not read)"
+    new = []
+    for finding in findings:
+        if (known is None or finding.key not in known) and finding not in new:
+            new.append(finding)
+    return BehaviourDrift(tuple(new), checked, undecidable, own if known is not None else None, note)
+
+
+def own_vllm_wheel(version: str | None, fetch: bool):
+    """``(tree, note)`` of the vLLM ``version`` wheel: from the wheel cache, downloaded when ``fetch``; ``(None,
+    why)`` when it cannot be had."""
+    from .wheels import WheelError, cache_dir, cached_wheel, fetch_wheel
+
+    if version is None:
+        return None, "vllm-omni's version is unknown, so is its own vLLM"
+    try:
+        wheel = fetch_wheel("vllm", version)[0] if fetch else cached_wheel("vllm", version, cache_dir())
+    except WheelError as exc:
+        return None, f"vLLM {version} (vllm-omni's own) could not be fetched: {exc}"
+    if wheel is None:
+        return None, f"vLLM {version} (vllm-omni's own) is not in the wheel cache"
+    return SourceTree(wheel), ""
+
+
+def wheel_pair_drift(plugin_tree: SourceTree, host_tree: SourceTree, omni_version: str | None,
+                     baseline_tree=None) -> BehaviourDrift | None:
+    """``check_behaviour_drift`` of two wheels, kept in the on-disk fact cache (``fact_cache``) under the wheels'
+    paths, sizes and mtimes and vllm_compat's own files: the scan reads a few hundred files (seconds), a warm
+    ``check`` reads one pickle. Trees that are not wheel files are scanned every time."""
+    from . import fact_cache
+
+    key = fact_cache.files_key("behaviour_drift", omni_version or "?", str(plugin_tree.root), str(host_tree.root)) \
+        if plugin_tree.is_zip and host_tree.is_zip else None
+    cached = fact_cache.load(key)
+    if "behaviour_drift" in cached:
+        return cached["behaviour_drift"]
+    found = check_behaviour_drift(plugin_tree, host_tree, omni_version, baseline_tree)
+    if found is not None and (found.baseline is not None or baseline_tree is None):
+        fact_cache.store(key, {"behaviour_drift": found})
+    return found

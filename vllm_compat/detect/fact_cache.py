@@ -80,6 +80,22 @@ def installed_key(roots: dict[str, str | None]) -> str | None:
     return "\n".join(parts)
 
 
+def files_key(kind: str, *parts: str) -> str | None:
+    """A key for what was read from the files named in ``parts`` (wheels, paths) and ``kind`` (what is kept): each
+    file's path, size and mtime, vllm_compat's own files and the interpreter's version; None when one is missing."""
+    stamps = [kind, sys.version]
+    for part in parts:
+        if os.sep in part or os.path.exists(part):
+            try:
+                stat = os.stat(part)
+            except OSError:
+                return None
+            stamps.append(f"{part}:{stat.st_size}:{stat.st_mtime_ns}")
+        else:
+            stamps.append(part)
+    return "\n".join(stamps + _own_files())
+
+
 def _path(key: str) -> str:
     import zlib
 

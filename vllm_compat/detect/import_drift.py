@@ -85,6 +85,12 @@ class EntrypointStatus:
     # (entry id, what it leaves out) for the bridges among ``bridged`` that provide a name for the import only: the
     # entrypoint starts, and that feature of it fails loudly when used
     left_out: tuple[tuple[str, str], ...] = ()
+    # behavioural drift (``detect.behaviour_drift.Finding``) no drift point handles: ``drift`` stops it or fails its
+    # requests, ``when_used`` fails a feature when it is used; ``handled``: (finding, entry id) of what vllm_compat
+    # handles
+    drift: tuple = ()
+    when_used: tuple = ()
+    handled: tuple = ()
 
     @property
     def missing_in_vllm(self) -> tuple[str, ...]:
@@ -94,10 +100,23 @@ class EntrypointStatus:
     def starts(self) -> bool:
         return self.status in ("works", "works_with_vllm_compat")
 
+    @property
+    def stopping_drift(self) -> tuple:
+        """The behavioural drift that stops it from starting (the rest of ``drift`` fails requests)."""
+        return tuple(f for f in self.drift if f.effect(self.id) == "stops")
+
+    @property
+    def endpoints_failing(self) -> list[str]:
+        return sorted({f.endpoint() for f in self.drift if f.effect(self.id) == "request"})
+
     def to_dict(self) -> dict:
         return {"label": self.label, "status": self.status, "roots": list(self.roots), "missing": list(self.missing),
                 "bridged": list(self.bridged), "not_installed": list(self.not_installed),
-                "left_out": dict(self.left_out)}
+                "left_out": dict(self.left_out),
+                "behaviour_drift": [{**f.to_dict(), "effect": f.effect(self.id), "endpoint": f.endpoint()}
+                                    for f in self.drift],
+                "fails_when_used": [f.to_dict() for f in self.when_used],
+                "handled": [{**f.to_dict(), "handled_by": entry} for f, entry in self.handled]}
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,10 @@ class ImportDrift:
     early: bool = False  # whether the bridges are in place before ``import <plugin>`` (the startup hook)
     # (catalogue entry id, what it leaves out) for the bridges among ``bridged`` that leave a feature out
     left_out: tuple[tuple[str, str], ...] = ()
+    # the behavioural drift of the pair (``detect.behaviour_drift.BehaviourDrift``) and (finding, the entry id that
+    # handles it or None) for each of its findings (``with_behaviour``)
+    behaviour: object = None
+    behaviour_handled: tuple = ()
 
     @property
     def ok(self) -> bool:
@@ -164,11 +187,13 @@ class ImportDrift:
             status = self._status(e)
             if not e.part_of:
                 found.append(status)
-            elif status.status == "will_not_start":
+            elif status.status in ("will_not_start", "fails_on_request"):
                 why = "; ".join(([f"{', '.join(status.not_installed)} not installed here"] if status.not_installed
                                  else []) + ([f"{', '.join(status.missing_in_vllm)} missing, no bridge in vllm_compat"]
-                                             if status.missing_in_vllm else []))
-                why = f"{e.label} do not start ({why})"
+                                             if status.missing_in_vllm else [])
+                                + [f.describe() for f in status.drift])
+                why = f"{e.label} do not start ({why})" if status.status == "will_not_start" else \
+                    f"{e.label} fail on request ({why})"
                 for parent in e.part_of:
                     parts_left_out.setdefault(parent, []).append((e.id, why))
             else:  # it starts, and leaves out what its bridges leave out
@@ -186,12 +211,20 @@ class ImportDrift:
         names = e.blocking_names
         missing = tuple(n for n in names if not self.is_bridged_in_time(n))
         bridged = tuple(n for n in names if self.is_bridged_in_time(n))
-        status = ("absent" if not e.roots else "will_not_start" if missing
-                  else "works_with_vllm_compat" if bridged else "works")
+        reached = [(f, entry) for f, entry in self.behaviour_handled if e.id in f.entrypoints]
+        unhandled = [f for f, entry in reached if entry is None]
+        drift = tuple(f for f in unhandled if f.effect(e.id) != "when_used")
+        when_used = tuple(f for f in unhandled if f.effect(e.id) == "when_used")
+        handled = tuple((f, entry) for f, entry in reached if entry is not None)
+        status = ("absent" if not e.roots
+                  else "will_not_start" if missing or any(f.effect(e.id) == "stops" for f in drift)
+                  else "fails_on_request" if drift
+                  else "works_with_vllm_compat" if bridged or handled else "works")
         not_installed = tuple(sorted({u.module for u in e.blocking if u.reason == PACKAGE_NOT_INSTALLED}))
         by = {self.bridged_by(n) for n in bridged}
         left_out = tuple((entry, text) for entry, text in self.left_out if entry in by)
-        return EntrypointStatus(e.id, e.label, status, e.roots, missing, bridged, not_installed, left_out)
+        return EntrypointStatus(e.id, e.label, status, e.roots, missing, bridged, not_installed, left_out, drift,
+                                when_used, handled)
 
     @property
     def starts(self) -> bool:
@@ -262,6 +295,14 @@ class ImportDrift:
         return dataclasses.replace(self, bridged=bridged, early=early,
                                    left_out=tuple(sorted(i for i in (left_out or {}).items() if i[0] in used)))
 
+    def with_behaviour(self, behaviour, handler) -> ImportDrift:
+        """This drift with the behavioural drift of the pair (``detect.behaviour_drift.BehaviourDrift``, or None),
+        each finding matched to the entry id ``handler(finding)`` names (None: nothing handles it)."""
+        if behaviour is None:
+            return self
+        return dataclasses.replace(self, behaviour=behaviour,
+                                   behaviour_handled=tuple((f, handler(f)) for f in behaviour.findings))
+
     @property
     def names(self) -> list[str]:
         """Distinct missing targets, sorted: what a matrix cell or a bug report quotes."""
@@ -288,6 +329,9 @@ class ImportDrift:
             "worker_ok": self.worker_ok,
             "worker_blocking_names": self.worker_blocking_names,
             "still_worker_blocking_names": self.still_worker_blocking_names,
+            "behaviour_drift": None if self.behaviour is None else {
+                **self.behaviour.to_dict(),
+                "findings": [{**f.to_dict(), "handled_by": entry} for f, entry in self.behaviour_handled]},
         }
 
 

@@ -51,6 +51,8 @@ class StaticSite:
         self.omni_tree = omni_tree
         self._versions = versions
         self._import_drift = ...
+        self._behaviour_drift = ...
+        self.fetch_own_vllm = False  # whether the behavioural scan may download vllm-omni's own vLLM (check)
         self._cache_key = None  # set by installed(): files of other trees are not cached
         self._cached: dict = {}
         self._unsaved = False
@@ -111,6 +113,37 @@ class StaticSite:
             self._unsaved = self._cache_key is not None
             self.save()
         return self._cached["import_drift"]
+
+    def installed_behaviour_drift(self):
+        """The behavioural drift of the installed pair (``detect.behaviour_drift``), kept with the facts: a warm run
+        reads it back with them. Its baseline is the one this package ships, else vllm-omni's own vLLM from the
+        wheel cache (never downloaded here)."""
+        if "behaviour_drift" not in self._cached:
+            self._cached["behaviour_drift"] = self._scan_behaviour()
+            self._unsaved = self._cache_key is not None
+            self.save()
+        return self._cached["behaviour_drift"]
+
+    @property
+    def behaviour_drift(self):
+        """vllm-omni's calls, subclasses and stand-ins checked against the vLLM tree (``detect.behaviour_drift``);
+        None without both. Wheel pairs are kept in the on-disk fact cache."""
+        if self._behaviour_drift is ...:
+            from .behaviour_drift import wheel_pair_drift
+
+            self._behaviour_drift = wheel_pair_drift(self.omni_tree, self.vllm_tree, self.versions.get("vllm-omni"),
+                                                     self._own_vllm)
+        return self._behaviour_drift
+
+    def _scan_behaviour(self):
+        from .behaviour_drift import check_behaviour_drift
+
+        return check_behaviour_drift(self.omni_tree, self.vllm_tree, self.versions.get("vllm-omni"), self._own_vllm)
+
+    def _own_vllm(self, version):
+        from .behaviour_drift import own_vllm_wheel
+
+        return own_vllm_wheel(version, fetch=self.fetch_own_vllm)
 
     @property
     def import_drift(self):
