@@ -320,10 +320,11 @@ def render_entrypoints(drift, indent: str = "    ") -> list[str]:
                   + ("; not installed here)" if name in st.not_installed else ")") for name in sorted(first)]
         lines += [f"{indent}  " + ("still stops it: " if f.effect(st.id) == "stops" else f"fails on {f.endpoint()}: ")
                   + f.describe() for f in st.drift]
-        if st.when_used:
-            lines.append(f"{indent}  fails when used ({len(st.when_used)} call(s) into vLLM that no longer fit, in "
-                         f"code its start does not run): " + "; ".join(f.describe() for f in st.when_used[:2])
-                         + (f"; +{len(st.when_used) - 2} more (--json)" if len(st.when_used) > 2 else ""))
+        used = [f for f in st.when_used if f.effect(st.id) == "when_used"]
+        if used:
+            lines.append(f"{indent}  fails when used ({len(used)} use(s) of vLLM that no longer fit, in code its start "
+                         f"does not run): " + "; ".join(f.describe() for f in used[:2])
+                         + (f"; +{len(used) - 2} more (--json)" if len(used) > 2 else ""))
     return lines
 
 

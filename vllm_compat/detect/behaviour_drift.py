@@ -57,15 +57,24 @@ class Finding:
     names: tuple[str, ...] = ()
     via: str | None = None
     entrypoints: tuple[str, ...] = ()
-    stops_in: tuple[str, ...] = ()  # the entrypoints whose start runs the site (``call`` / ``abstract``)
+    # (entrypoint id, condition) of the entrypoints whose start runs the site (``call`` / ``abstract``): condition ""
+    # where it always does, else the ``if`` test it runs under (a LoRA given at startup, an LLM stage)
+    stops_in: tuple[tuple[str, str], ...] = ()
     signature: str = ""  # ``call``: the vLLM callable's parameters on the target
+    condition: str = ""  # the ``if`` test the site runs under in its function ("" none)
 
     def effect(self, entrypoint_id: str) -> str:
-        """What it does to an entrypoint it reaches: "stops" it (its start runs the site), fails "request"s (vLLM
-        calls or reads it serving one), or fails "when_used" (a feature whose code only runs when asked for)."""
-        if entrypoint_id in self.stops_in:
-            return "stops"
+        """What it does to an entrypoint it reaches: "stops" it (its start always runs the site), "stops_when" a
+        condition holds (its start runs the site under an ``if``: a LoRA given at startup, an LLM stage), fails
+        "request"s (vLLM calls or reads it serving one), or fails "when_used" (a feature whose code its start does
+        not run)."""
+        if entrypoint_id in dict(self.stops_in):
+            return "stops_when" if self.stops_when(entrypoint_id) else "stops"
         return "request" if self.endpoint() is not None else "when_used"
+
+    def stops_when(self, entrypoint_id: str) -> str:
+        """The condition under which it stops ``entrypoint_id``'s start ("" always)."""
+        return dict(self.stops_in).get(entrypoint_id, "")
 
     def endpoint(self) -> str | None:
         """The request endpoint vLLM serves through the module that calls or reads (``via``)."""
@@ -94,7 +103,7 @@ class Finding:
     def to_dict(self) -> dict:
         return {"kind": self.kind, "vllm_object": self.vllm_object, "plugin_object": self.plugin_object,
                 "site": f"{self.site}:{self.line}", "detail": self.detail, "names": list(self.names),
-                "via": self.via, "entrypoints": list(self.entrypoints), "stops": list(self.stops_in),
+                "via": self.via, "entrypoints": list(self.entrypoints), "stops": dict(self.stops_in),
                 "signature": self.signature}
 
 
@@ -121,17 +130,31 @@ class BehaviourDrift:
 # ------------------------------------------------------------------------------------------------ the scan
 
 
-def _walk(body, cls=None, func=None):
-    """``(node, enclosing top-level class, enclosing function name)`` for every node under ``body``."""
+def _walk(body, cls=None, func=None, cond=""):
+    """``(node, enclosing top-level class, enclosing function name, condition)`` for every node under ``body``;
+    ``condition`` is the test of the innermost ``if`` (statement or expression) or ``except`` of the enclosing
+    function that the node runs under ("" where it runs whenever the function does)."""
     for node in body:
-        yield node, cls, func
+        yield node, cls, func, cond
         if isinstance(node, ast.ClassDef):
-            yield from _walk(node.body, node if cls is None and func is None else cls, func)
+            yield from _walk(node.body, node if cls is None and func is None else cls, func, "")
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield from _walk(node.body, cls, node.name if func is None else func)
-            yield from _walk(node.decorator_list + [a for a in node.args.defaults], cls, func)
+            yield from _walk(node.body, cls, node.name if func is None else func, "" if func is None else cond)
+            yield from _walk(node.decorator_list + [a for a in node.args.defaults], cls, func, cond)
+        elif isinstance(node, (ast.If, ast.IfExp)) and func is not None:
+            test = _short(ast.unparse(node.test))
+            yield from _walk([node.test], cls, func, cond)
+            yield from _walk(node.body if isinstance(node.body, list) else [node.body], cls, func, test)
+            yield from _walk(node.orelse if isinstance(node.orelse, list) else [node.orelse], cls, func,
+                             f"not ({test})")
+        elif isinstance(node, ast.ExceptHandler) and func is not None:
+            yield from _walk(node.body, cls, func, "an exception is handled")
         else:
-            yield from _walk(list(ast.iter_child_nodes(node)), cls, func)
+            yield from _walk(list(ast.iter_child_nodes(node)), cls, func, cond)
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 class _Scan:
@@ -143,7 +166,8 @@ class _Scan:
         self.host_modules = host_modules  # host module the plugin imports -> ids of the entrypoints importing it
         self.findings: list[Finding] = []
         self.checked = self.undecidable = 0
-        self.calls: dict[str, set[str]] = {}  # plugin function -> the plugin functions / classes it calls
+        # plugin function -> {the plugin functions / classes it calls: the condition of the call ("" none)}
+        self.calls: dict[str, dict[str, str]] = {}
         self.held: dict[str, dict[str, Definition]] = {}
         self.classes: list[Definition] = []  # the plugin's top-level classes in the modules read  # plugin class -> {self attribute: plugin class}
 
@@ -153,11 +177,11 @@ class _Scan:
             tree = self.model.module_ast(module)
             if tree is None:
                 continue
-            for node, cls, func in _walk(tree.body):
+            for node, cls, func, cond in _walk(tree.body):
                 if isinstance(node, ast.Call):
-                    self._call(module, node, cls, func)
+                    self._call(module, node, cls, func, cond)
                     if func is not None:
-                        self._edge(module, node, cls, func)
+                        self._edge(module, node, cls, func, cond)
                 elif isinstance(node, ast.ClassDef) and cls is None and func is None:
                     classes.append(Definition("plugin", module, node.name, node))
         self.classes = classes
@@ -168,12 +192,12 @@ class _Scan:
 
     # ------------------------------------------------------------------------------------ startup paths
 
-    def _edge(self, module: str, node: ast.Call, cls, func: str) -> None:
+    def _edge(self, module: str, node: ast.Call, cls, func: str, cond: str) -> None:
         """Record what a call inside plugin function ``func`` runs of the plugin's own code: a function, a
         class's constructor (and the class as built), a method of its own class (``self.m()``, ``super().m()``)."""
         caller = ".".join(p for p in (module, cls.name if cls is not None else None, func) if p)
         callee = node.func
-        targets = self.calls.setdefault(caller, set())
+        targets = self.calls.setdefault(caller, {})
         here = Definition("plugin", module, cls.name, cls) if cls is not None else None
         if isinstance(callee, ast.Attribute) and isinstance(callee.value, ast.Name) \
                 and callee.value.id in ("self", "cls") and here is not None:
@@ -195,13 +219,13 @@ class _Scan:
                 passed = self.model.member(here, written[5:])  # threading.Thread(target=self._run)
             else:
                 passed = self.model.resolve_expr(module, written) if written and "self" not in written else None
-            if isinstance(passed, Definition) and passed.side == "plugin":
-                targets.add(passed.path)
+            if isinstance(passed, Definition) and passed.side == "plugin" and not passed.is_class:
+                _add_edge(targets, passed.path, cond)  # a class handed over is not built (isinstance(x, Cls))
         if isinstance(found, Definition) and found.side == "plugin":
-            targets.add(found.path)
+            _add_edge(targets, found.path, cond)
             init = self.model.constructor(found)[0] if found.is_class else None
             if init is not None and init.side == "plugin":
-                targets.add(init.path)
+                _add_edge(targets, init.path, cond)
 
     def _held(self, cls: Definition) -> dict[str, Definition]:
         """``{attribute: plugin class}`` for the ``self.x = Cls(...)`` assignments of ``cls``'s methods (and its
@@ -232,30 +256,35 @@ class _Scan:
         found = self.model.resolve_expr(func.module, written) if written else None
         return found if isinstance(found, Definition) and found.is_class else None
 
-    def startup_paths(self, roots: dict[str, tuple[str, ...]]) -> dict[str, set[str]]:
-        """``{entrypoint id: plugin functions (and classes built) its start runs}``: everything the functions and
-        the constructors of the classes of its root modules call of the plugin's own code, transitively (through
-        ``self.m()`` and ``self.x.m()`` where ``self.x`` holds a plugin class it built; calls on other objects are
-        not followed: what they run counts as "when used")."""
+    def startup_paths(self, roots: dict[str, tuple[str, ...]]) -> dict[str, dict[str, str]]:
+        """``{entrypoint id: {plugin function or class built: condition}}`` for what its start runs: everything the
+        functions and the constructors of the classes of its root modules call of the plugin's own code,
+        transitively (through ``self.m()`` and ``self.x.m()`` where ``self.x`` holds a plugin class it built; calls
+        on other objects are not followed: what they run counts as "when used"). The condition is "" where every
+        call on the way runs whenever its caller does, else the first ``if`` test on the way (a path without one
+        wins)."""
         found = {}
         for entrypoint, modules in roots.items():
-            todo = [caller for caller in self.calls if caller.rpartition(".")[0] in modules
-                    or (caller.endswith(".__init__") and caller.rsplit(".", 2)[0] in modules)]
-            seen = set(todo)
+            reached = {caller: "" for caller in self.calls if caller.rpartition(".")[0] in modules
+                       or (caller.endswith(".__init__") and caller.rsplit(".", 2)[0] in modules)}
+            todo = list(reached)
             while todo:
-                for target in self.calls.get(todo.pop(), ()):
-                    if target not in seen:
-                        seen.add(target)
+                caller = todo.pop()
+                for target, cond in self.calls.get(caller, {}).items():
+                    cond = cond or reached[caller]  # the innermost test on the way: the most specific
+                    if target not in reached or (reached[target] and not cond):
+                        reached[target] = cond
                         todo.append(target)
-            found[entrypoint] = seen
+            found[entrypoint] = reached
         return found
 
-    def _add(self, kind, vllm_object, plugin_object, module, line, detail, names=(), via=None, signature=""):
+    def _add(self, kind, vllm_object, plugin_object, module, line, detail, names=(), via=None, signature="",
+             condition=""):
         reach = self.modules.get(module, set())
         if via is not None:
             reach = reach & self.host_modules.get(via, set())
         self.findings.append(Finding(kind, vllm_object, plugin_object, module, line, detail, tuple(names), via,
-                                     tuple(sorted(reach)), signature=signature))
+                                     tuple(sorted(reach)), signature=signature, condition=condition))
 
     # -------------------------------------------------------------------------------------------- calls
 
@@ -301,7 +330,7 @@ class _Scan:
         return binding is not None and binding[0] in ("import", "module") and \
             self.model.side_of(binding[1]) == "host"
 
-    def _call(self, module: str, node: ast.Call, cls, func) -> None:
+    def _call(self, module: str, node: ast.Call, cls, func, cond: str) -> None:
         target, written = self._callee(module, node, cls)
         if target is None:
             return
@@ -319,7 +348,7 @@ class _Scan:
         where = ".".join(p for p in (module, cls.name if cls is not None else None, func) if p)
         names = _names_in(why, params, keywords)
         self._add("call", target.path, where, module, node.lineno, f"{written}(...) {why}", names,
-                  signature=f"{target.name.rsplit('.', 1)[-1]}{_render(params)}")
+                  signature=f"{target.name.rsplit('.', 1)[-1]}{_render(params)}", condition=cond)
 
     # ------------------------------------------------------------------------------------------ classes
 
@@ -443,6 +472,12 @@ class _Scan:
                               (attribute,), module)
 
 
+def _add_edge(targets: dict[str, str], target: str, cond: str) -> None:
+    """Record a call of ``target`` under ``cond``; an unconditional call of it wins."""
+    if target not in targets or (targets[target] and not cond):
+        targets[target] = cond
+
+
 def _plain(func):
     from .code_model import signature
 
@@ -526,13 +561,19 @@ def scan(plugin_tree: SourceTree, host_tree: SourceTree, plugin: str = "vllm_omn
     paths = run.startup_paths({e.id: tuple(r for r in (*e.roots, *e.scripts) if r in graph.modules)
                                for e in entrypoints_of(plugin)})
 
-    def runs_at_start(finding: Finding, entrypoint_id: str) -> bool:
-        started = paths.get(entrypoint_id, set())
-        if finding.kind == "abstract":  # the class is built: its constructor or any method of it runs
-            return any(p == finding.plugin_object or p.startswith(finding.plugin_object + ".") for p in started)
-        return finding.kind == "call" and finding.plugin_object in started
+    def runs_at_start(finding: Finding, entrypoint_id: str) -> str | None:
+        """The condition under which the entrypoint's start runs the site ("" always), None when it does not."""
+        started = paths.get(entrypoint_id, {})
+        if finding.kind == "abstract":  # the class is built (its constructor runs), else any method of it runs
+            built = [c for p, c in started.items() if p in (finding.plugin_object, finding.plugin_object + ".__init__")]
+            conds = built or [c for p, c in started.items() if p.startswith(finding.plugin_object + ".")]
+            return None if not conds else "" if "" in conds else conds[0]
+        if finding.kind != "call" or finding.plugin_object not in started:
+            return None
+        return finding.condition or started[finding.plugin_object]
 
-    findings = [dataclasses.replace(f, stops_in=tuple(e for e in f.entrypoints if runs_at_start(f, e)))
+    findings = [dataclasses.replace(f, stops_in=tuple((e, c) for e in f.entrypoints
+                                                       if (c := runs_at_start(f, e)) is not None))
                 for f in findings]
     return findings, run.checked, run.undecidable
 

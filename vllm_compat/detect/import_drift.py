@@ -30,7 +30,8 @@ from .source_scan import plugin_imports  # noqa: F401 - the plugin-side reader, 
 from .source_tree import SourceTree, tree_of
 
 HOST = "vllm"
-PACKAGE_NOT_INSTALLED = "package not installed"  # an ``UnresolvedImport``'s reason for another distribution
+PACKAGE_NOT_INSTALLED = "package not installed"
+UNHANDLED = "no drift point handles it"  # what a left-out feature names where behavioural drift leaves it out  # an ``UnresolvedImport``'s reason for another distribution
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,9 @@ class EntrypointStatus:
     # entrypoint starts, and that feature of it fails loudly when used
     left_out: tuple[tuple[str, str], ...] = ()
     # behavioural drift (``detect.behaviour_drift.Finding``) no drift point handles: ``drift`` stops it or fails its
-    # requests, ``when_used`` fails a feature when it is used; ``handled``: (finding, entry id) of what vllm_compat
-    # handles
+    # requests; ``when_used`` stops it only when a condition holds (``stops_when``: an LLM stage, a LoRA given at
+    # startup) or fails a feature when it is used: it starts, and leaves those out, as a raising stand-in does;
+    # ``handled``: (finding, entry id) of what vllm_compat handles
     drift: tuple = ()
     when_used: tuple = ()
     handled: tuple = ()
@@ -115,7 +117,8 @@ class EntrypointStatus:
                 "left_out": dict(self.left_out),
                 "behaviour_drift": [{**f.to_dict(), "effect": f.effect(self.id), "endpoint": f.endpoint()}
                                     for f in self.drift],
-                "fails_when_used": [f.to_dict() for f in self.when_used],
+                "fails_when_used": [{**f.to_dict(), "effect": f.effect(self.id), "when": f.stops_when(self.id)}
+                                    for f in self.when_used],
                 "handled": [{**f.to_dict(), "handled_by": entry} for f, entry in self.handled]}
 
 
@@ -213,8 +216,8 @@ class ImportDrift:
         bridged = tuple(n for n in names if self.is_bridged_in_time(n))
         reached = [(f, entry) for f, entry in self.behaviour_handled if e.id in f.entrypoints]
         unhandled = [f for f, entry in reached if entry is None]
-        drift = tuple(f for f in unhandled if f.effect(e.id) != "when_used")
-        when_used = tuple(f for f in unhandled if f.effect(e.id) == "when_used")
+        drift = tuple(f for f in unhandled if f.effect(e.id) in ("stops", "request"))
+        when_used = tuple(f for f in unhandled if f.effect(e.id) in ("stops_when", "when_used"))
         handled = tuple((f, entry) for f, entry in reached if entry is not None)
         status = ("absent" if not e.roots
                   else "will_not_start" if missing or any(f.effect(e.id) == "stops" for f in drift)
@@ -222,7 +225,9 @@ class ImportDrift:
                   else "works_with_vllm_compat" if bridged or handled else "works")
         not_installed = tuple(sorted({u.module for u in e.blocking if u.reason == PACKAGE_NOT_INSTALLED}))
         by = {self.bridged_by(n) for n in bridged}
-        left_out = tuple((entry, text) for entry, text in self.left_out if entry in by)
+        left_out = tuple((entry, text) for entry, text in self.left_out if entry in by) + tuple(
+            (UNHANDLED, f"it will not start when {f.stops_when(e.id)} ({f.describe()})")
+            for f in when_used if f.effect(e.id) == "stops_when")
         return EntrypointStatus(e.id, e.label, status, e.roots, missing, bridged, not_installed, left_out, drift,
                                 when_used, handled)
 
