@@ -20,7 +20,10 @@
 
 Without cell ids it also re-checks the generated alias table (``matrix/aliases.py --check``: regenerated from the
 wheels, a diff printed when the checked-in ``vllm_compat/bridges/_alias_table.py`` is stale; ``--write`` rewrites
-it), and the generated tested range (``matrix/tested_pairs.py``: ``vllm_compat/detect/tested.py``, likewise). Exit
+it), the generated tested range (``matrix/tested_pairs.py``: ``vllm_compat/detect/tested.py``, likewise) and the
+behavioural-drift baselines (``matrix/behaviour_baselines.py``: ``vllm_compat/detect/behaviour_baselines.py``,
+likewise). A new release's cells print, beside the import drift, each behavioural drift ``check`` finds, handled by a
+drift point or NOT HANDLED, with what it does to each entrypoint. Exit
 status: 0 when every scanned cell matches and the table is current (or ``--write`` rewrote them), 1 when a cell or
 a generated file differs, 2 when a download failed. New cells are written whether or not ``--write`` is given
 (that is the intake; ``git diff matrix/vllm.toml`` is the review); ``--no-intake`` skips the index look-up.
@@ -348,6 +351,25 @@ def _entrypoint_summary(check: dict) -> str:
     return ", ".join(f"{key} {e['status']}" for key, e in entrypoints.items()) or "-"
 
 
+def behaviour_lines(check: dict) -> list[str]:
+    """The behavioural drift ``check`` found (vllm_compat/detect/behaviour_drift.py), one line a finding: whether
+    a drift point handles it, what it does to each entrypoint, the vLLM object, the vllm-omni site, what no longer
+    binds. What stops or fails a start with nothing handling it is the next drift point to write."""
+    found = ((check.get("import_drift") or {}).get("behaviour_drift") or {}).get("findings") or []
+    effects = {}  # (finding site, vLLM object) -> {entrypoint: effect}
+    for key, status in ((check.get("import_drift") or {}).get("entrypoints") or {}).items():
+        for field in ("behaviour_drift", "fails_when_used"):
+            for f in status.get(field, []):
+                effects.setdefault((f["site"], f["vllm_object"]), {})[key] = f["effect"]
+    lines = []
+    for f in found:
+        where = effects.get((f["site"], f["vllm_object"]), {})
+        how = ", ".join(f"{key} {effect}" for key, effect in where.items()) or "handled"
+        handled = f"handled by {f['handled_by']}" if f["handled_by"] else "NOT HANDLED"
+        lines.append(f"behaviour: {f['kind']} {f['vllm_object']}: {f['detail']} (in {f['site']}); {handled}; {how}")
+    return lines
+
+
 def print_drift(vllm: str, previous: str, omni: str, drift: dict, check: dict, index) -> None:
     verdict = check.get("verdict", {}).get("kind", "?")
     print(f"\nvllm-omni {omni} on vLLM {vllm} (against {previous}): {verdict}; {_entrypoint_summary(check)}")
@@ -360,6 +382,8 @@ def print_drift(vllm: str, previous: str, omni: str, drift: dict, check: dict, i
         print(f"  new: {row['name']}  {kind}; {bridge}; entrypoints reaching it: {reach}")
     for name in drift["gone"]:
         print(f"  resolves again: {name}")
+    for line in behaviour_lines(check):
+        print(f"  {line}")
     for line, reason in check_overrides(check):
         print(f"  override: {line}  ({reason})")
 
@@ -505,6 +529,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\ntested range and pairs (matrix/tested_pairs.py):")
         tested_status = tested_pairs.main([] if args.write else ["--check"])
         status = status or tested_status
+        # What the behavioural scan finds on each vllm-omni's own vLLM, subtracted from every other pair's findings.
+        import behaviour_baselines
+
+        print("\nbehavioural-drift baselines (matrix/behaviour_baselines.py):")
+        baseline_status = behaviour_baselines.main([] if args.write else ["--check"])
+        status = status or baseline_status
     print(f"\nrefresh: {time.monotonic() - started:.0f} s")
     return status
 

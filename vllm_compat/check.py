@@ -186,7 +186,7 @@ def run(vllm: CheckInput, omni: CheckInput) -> CheckResult:
     from .detect.static import SiteFacts, StaticSite
     from .reporting import Report
 
-    site = StaticSite(vllm.tree, omni.tree, {"vllm": vllm.version, "vllm-omni": omni.version, "torch": None})
+    site = StaticSite.of_wheels(vllm.tree, omni.tree, {"vllm": vllm.version, "vllm-omni": omni.version, "torch": None})
     # the behavioural scan's baseline, vllm-omni's own vLLM, is fetched like the inputs when this package ships none
     site.fetch_own_vllm = vllm.source in ("downloaded", "cache")
     planned = plan(site, read_controls())

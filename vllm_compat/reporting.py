@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from .detect.static import SiteFacts
@@ -43,7 +44,7 @@ class Report:
         if self._behaviour_drift is ...:
             from .detect.static import StaticSite
 
-            self._behaviour_drift = StaticSite.installed().installed_behaviour_drift()
+            self._behaviour_drift = StaticSite.installed().behaviour_drift
         elif callable(self._behaviour_drift):
             self._behaviour_drift = self._behaviour_drift()
         return self._behaviour_drift
@@ -344,15 +345,40 @@ def build_report(runtime: bool = False) -> Report:
     if not runtime:
         recorded = {d.name: d for d in current_decisions() if d.action != "pending"}
         patches = [recorded.get(d.name, d) for d in static_decisions]
-        return Report(_dependency_drift=installed_dependency_drift, mode="static", static=static, patches=patches, _import_drift=site.installed_import_drift)
+        return Report(_dependency_drift=installed_dependency_drift, mode="static", static=static, patches=patches, _import_drift=site.installed_import_drift,
+                      _behaviour_drift=lambda: site.behaviour_drift)
 
     try:
         live = detect_runtime(planned)
     except Exception as exc:  # noqa: BLE001 - the point is to show the user what breaks a worker
         return Report(_dependency_drift=installed_dependency_drift, mode="runtime", static=static, patches=static_decisions,
                       runtime_error=f"importing vLLM / vllm-omni failed: {type(exc).__name__}: {exc}")
-    return Report(_dependency_drift=installed_dependency_drift, mode="runtime", static=static, runtime=live, patches=apply(),
-                  mismatches=_runtime_mismatches(planned, live))
+    applied = apply()
+    return Report(_dependency_drift=installed_dependency_drift, mode="runtime", static=static, runtime=live,
+                  patches=_with_pending_decided(applied, static_decisions),
+                  mismatches=_runtime_mismatches(planned, live) + _decision_mismatches(applied, static_decisions))
+
+
+def _with_pending_decided(applied, static_decisions) -> list:
+    """The runtime decisions, each still "pending" (its target not imported in this process: a parent package
+    imports it later) replaced by the static decision, which its hook will carry out when the target is imported:
+    a bridge that is on its way counts as the bridge it will be, as in static doctor."""
+    from .decide import Action
+
+    static = {d.name: d for d in static_decisions}
+    return [dataclasses.replace(static[d.name], reason=f"{static[d.name].reason} (when its target is imported)")
+            if d.action == Action.PENDING and d.name in static and static[d.name].action != Action.PENDING else d
+            for d in applied]
+
+
+def _decision_mismatches(applied, static_decisions) -> list[str]:
+    """Every entry decided at run time (its target imported) whose action differs from the static decision."""
+    from .decide import Action
+
+    static = {d.name: d for d in static_decisions}
+    return [f"{d.name}: static detection decided {static[d.name].action}, the imported modules {d.action}"
+            for d in applied if d.action != Action.PENDING and d.name in static
+            and static[d.name].action not in (Action.PENDING, d.action)]
 
 
 def reported_facts(site) -> SiteFacts:

@@ -32,9 +32,9 @@ import re
 from dataclasses import dataclass
 
 from ..entrypoints import called, entrypoints_of
-from .code_model import CodeModel, Definition, bound_params, dotted
+from .code_model import CodeModel, Definition, bound_params, dotted, signature
 from .import_graph import plugin_graph
-from .model import why_call_fails, why_override_narrows
+from .model import render_params, why_call_fails, why_override_narrows
 from .source_tree import SourceTree
 
 KINDS = ("call", "abstract", "override", "attribute")
@@ -62,6 +62,7 @@ class Finding:
     stops_in: tuple[tuple[str, str], ...] = ()
     signature: str = ""  # ``call``: the vLLM callable's parameters on the target
     condition: str = ""  # the ``if`` test the site runs under in its function ("" none)
+    call_shape: str = ""  # ``call``: what vllm-omni passes, "<positionals>:<keywords>"
 
     def effect(self, entrypoint_id: str) -> str:
         """What it does to an entrypoint it reaches: "stops" it (its start always runs the site), "stops_when" a
@@ -85,9 +86,10 @@ class Finding:
     @property
     def key(self) -> str:
         """What compares one finding across vLLM releases: kind, vllm-omni object, the vLLM object's last two parts
-        (its module moves between releases) and the names involved; lines left out."""
+        (its module moves between releases), the names involved and, for a call, the arguments vllm-omni passes (two
+        calls of one function in one place differ there); lines left out."""
         return "|".join((self.kind, self.plugin_object, ".".join(self.vllm_object.rsplit(".", 2)[-2:]),
-                         ",".join(self.names)))
+                         ",".join(self.names), self.call_shape))
 
     def matches(self, kind: str, vllm_object: str = "*", plugin_object: str = "*", name: str = "*") -> bool:
         """Whether this finding is of ``kind`` and its vLLM object, vllm-omni object and one of its names match the
@@ -278,13 +280,12 @@ class _Scan:
             found[entrypoint] = reached
         return found
 
-    def _add(self, kind, vllm_object, plugin_object, module, line, detail, names=(), via=None, signature="",
-             condition=""):
+    def _add(self, kind, vllm_object, plugin_object, module, line, detail, names=(), via=None, **more):
         reach = self.modules.get(module, set())
         if via is not None:
             reach = reach & self.host_modules.get(via, set())
         self.findings.append(Finding(kind, vllm_object, plugin_object, module, line, detail, tuple(names), via,
-                                     tuple(sorted(reach)), signature=signature, condition=condition))
+                                     tuple(sorted(reach)), **more))
 
     # -------------------------------------------------------------------------------------------- calls
 
@@ -337,7 +338,7 @@ class _Scan:
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             self.undecidable += 1
             return
-        params = bound_params(target.node) if "." in target.name else tuple(_plain(target.node))
+        params = bound_params(target.node) if "." in target.name else signature(target.node)
         if params is None:
             return
         self.checked += 1
@@ -348,7 +349,8 @@ class _Scan:
         where = ".".join(p for p in (module, cls.name if cls is not None else None, func) if p)
         names = _names_in(why, params, keywords)
         self._add("call", target.path, where, module, node.lineno, f"{written}(...) {why}", names,
-                  signature=f"{target.name.rsplit('.', 1)[-1]}{_render(params)}", condition=cond)
+                  signature=f"{target.name.rsplit('.', 1)[-1]}{render_params(params)}", condition=cond,
+                  call_shape=f"{len(node.args)}:{','.join(sorted(keywords))}")
 
     # ------------------------------------------------------------------------------------------ classes
 
@@ -441,8 +443,16 @@ class _Scan:
         return skipped(method, frozenset())
 
     def _classes_in(self, module: str, annotation, side: str) -> list[Definition]:
+        """The classes of ``side`` an annotation names (string forward references read too)."""
         found = []
-        for node in ast.walk(annotation):
+        nodes = list(ast.walk(annotation))
+        for node in list(nodes):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                try:
+                    nodes += list(ast.walk(ast.parse(node.value, mode="eval")))
+                except SyntaxError:
+                    continue
+        for node in nodes:
             written = dotted(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
             resolved = self.model.resolve_expr(module, written) if written else None
             if isinstance(resolved, Definition) and resolved.is_class and resolved.side == side \
@@ -476,18 +486,6 @@ def _add_edge(targets: dict[str, str], target: str, cond: str) -> None:
     """Record a call of ``target`` under ``cond``; an unconditional call of it wins."""
     if target not in targets or (targets[target] and not cond):
         targets[target] = cond
-
-
-def _plain(func):
-    from .code_model import signature
-
-    return signature(func)
-
-
-def _render(params) -> str:
-    from .model import render_params
-
-    return render_params(params)
 
 
 def _names_in(why: str, params, keywords) -> tuple[str, ...]:
@@ -628,20 +626,3 @@ def own_vllm_wheel(version: str | None, fetch: bool):
         return None, f"vLLM {version} (vllm-omni's own) is not in the wheel cache"
     return SourceTree(wheel), ""
 
-
-def wheel_pair_drift(plugin_tree: SourceTree, host_tree: SourceTree, omni_version: str | None,
-                     baseline_tree=None) -> BehaviourDrift | None:
-    """``check_behaviour_drift`` of two wheels, kept in the on-disk fact cache (``fact_cache``) under the wheels'
-    paths, sizes and mtimes and vllm_compat's own files: the scan reads a few hundred files (seconds), a warm
-    ``check`` reads one pickle. Trees that are not wheel files are scanned every time."""
-    from . import fact_cache
-
-    key = fact_cache.files_key("behaviour_drift", omni_version or "?", str(plugin_tree.root), str(host_tree.root)) \
-        if plugin_tree.is_zip and host_tree.is_zip else None
-    cached = fact_cache.load(key)
-    if "behaviour_drift" in cached:
-        return cached["behaviour_drift"]
-    found = check_behaviour_drift(plugin_tree, host_tree, omni_version, baseline_tree)
-    if found is not None and (found.baseline is not None or baseline_tree is None):
-        fact_cache.store(key, {"behaviour_drift": found})
-    return found

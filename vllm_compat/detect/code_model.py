@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from .host_index import absolute_module, host_index
 from .model import Param, ParamKind
-from .static import function_params as signature
 from .source_tree import SourceTree
+from .static import function_params as signature
 
 _PARSED: dict[tuple[str, str], ast.Module | None] = {}
 

@@ -70,6 +70,19 @@ class StaticSite:
         site._cached = fact_cache.load(site._cache_key)
         return site
 
+    @classmethod
+    def of_wheels(cls, vllm_tree: SourceTree, omni_tree: SourceTree, versions: dict[str, str | None]) -> StaticSite:
+        """Two trees read by ``check``; where both are wheel files, what is detected is kept in the on-disk fact
+        cache under the wheels' paths, sizes and mtimes (a warm ``check`` parses nothing)."""
+        from . import fact_cache
+
+        site = cls(vllm_tree, omni_tree, versions)
+        if vllm_tree.is_zip and omni_tree.is_zip:
+            site._cache_key = fact_cache.files_key("wheel-pair", str(vllm_tree.root), str(omni_tree.root),
+                                                   repr(sorted(versions.items())))
+            site._cached = fact_cache.load(site._cache_key)
+        return site
+
     @property
     def versions(self) -> dict[str, str | None]:
         """The versions of ``DISTRIBUTIONS``: as given, from the installed metadata, or from the vLLM tree's
@@ -106,34 +119,29 @@ class StaticSite:
     def installed_import_drift(self):
         """``detect_import_drift()`` (the installed pair, this site's trees when it is ``installed()``), kept with
         the facts: a warm run reads it back with them."""
-        if "import_drift" not in self._cached:
-            from .import_drift import detect_import_drift
+        from .import_drift import detect_import_drift
 
-            self._cached["import_drift"] = detect_import_drift()
-            self._unsaved = self._cache_key is not None
-            self.save()
-        return self._cached["import_drift"]
-
-    def installed_behaviour_drift(self):
-        """The behavioural drift of the installed pair (``detect.behaviour_drift``), kept with the facts: a warm run
-        reads it back with them. Its baseline is the one this package ships, else vllm-omni's own vLLM from the
-        wheel cache (never downloaded here)."""
-        if "behaviour_drift" not in self._cached:
-            self._cached["behaviour_drift"] = self._scan_behaviour()
-            self._unsaved = self._cache_key is not None
-            self.save()
-        return self._cached["behaviour_drift"]
+        return self._kept("import_drift", detect_import_drift)
 
     @property
     def behaviour_drift(self):
         """vllm-omni's calls, subclasses and stand-ins checked against the vLLM tree (``detect.behaviour_drift``);
-        None without both. Wheel pairs are kept in the on-disk fact cache."""
+        None without both. Kept with the facts where the site has a cache key (``of_wheels``)."""
         if self._behaviour_drift is ...:
-            from .behaviour_drift import wheel_pair_drift
-
-            self._behaviour_drift = wheel_pair_drift(self.omni_tree, self.vllm_tree, self.versions.get("vllm-omni"),
-                                                     self._own_vllm)
+            self._behaviour_drift = self._kept("behaviour_drift", self._scan_behaviour)
         return self._behaviour_drift
+
+    def _kept(self, name: str, compute):
+        """``compute()``, or what an earlier run of the same files kept under ``name``; kept when the site has a
+        cache key (and a behavioural scan only when it had its baseline: one without is not final)."""
+        if name not in self._cached:
+            value = compute()
+            if name != "behaviour_drift" or value is None or value.baseline is not None:
+                self._cached[name] = value
+                self._unsaved = self._cache_key is not None
+                self.save()
+            return value
+        return self._cached[name]
 
     def _scan_behaviour(self):
         from .behaviour_drift import check_behaviour_drift
@@ -151,7 +159,7 @@ class StaticSite:
         if self._import_drift is ...:
             from .import_drift import check_import_drift
 
-            self._import_drift = check_import_drift(self.omni_tree, self.vllm_tree)
+            self._import_drift = self._kept("import_drift", lambda: check_import_drift(self.omni_tree, self.vllm_tree))
         return self._import_drift
 
 

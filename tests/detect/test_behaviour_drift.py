@@ -1,0 +1,314 @@
+"""Behavioural drift (``vllm_compat.detect.behaviour_drift``): what vllm-omni's code does with vLLM that a newer vLLM
+no longer accepts, found from the release wheels, per entrypoint, and how ``check`` reports it.
+
+Expected values are the drift the catalogue's entries were written for, as the issues and the wheels state it (the
+vLLM object, the parameter or method, the entrypoint it stops, measured by the serve cells and the H200), never
+what the analysis returns. The retro sweep (each handled drift found once its drift point is off) downloads vLLM
+0.34.0, so it runs in one cell only, as tests/test_check.py's sweep does; the rest reads vLLM 0.31.0 and vllm-omni
+0.24.0, the wheels every cell fetches for tests/test_check.py anyway, or builds two tiny package trees for the shapes
+no release pair has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.support.wheels import wheel_or_skip
+from vllm_compat.cli import main
+from vllm_compat.detect.behaviour_drift import check_behaviour_drift, scan
+from vllm_compat.detect.source_tree import SourceTree
+
+tomllib = pytest.importorskip("tomllib", reason="reading matrix/vllm.toml needs Python >= 3.11 (tomllib)")
+
+ROOT = Path(__file__).resolve().parents[2]
+CELLS = tomllib.loads((ROOT / "matrix" / "vllm.toml").read_text())["cell"]
+SWEEP_CELL = next(c["id"] for c in CELLS if c.get("default"))
+sweep_here = pytest.mark.skipif(
+    os.environ.get("VLLM_COMPAT_CELL") not in (None, SWEEP_CELL),
+    reason=f"reads vLLM 0.34.0 and the four native pairs' wheels: it runs in nox cell {SWEEP_CELL} only",
+)
+
+
+@pytest.fixture(scope="module")
+def wheel_cache(tmp_path_factory):
+    """tests/test_check.py's wheel cache: VLLM_COMPAT_WHEEL_CACHE (nox shares one per run), else the user's."""
+    return os.environ.get("VLLM_COMPAT_WHEEL_CACHE")
+
+
+def _check_json(capsys, monkeypatch, vllm: str, omni: str, disabled: str = "") -> tuple[int, dict]:
+    if disabled:
+        monkeypatch.setenv("VLLM_COMPAT_DISABLE_PATCHES", disabled)
+    else:
+        monkeypatch.delenv("VLLM_COMPAT_DISABLE_PATCHES", raising=False)
+    capsys.readouterr()
+    code = main(["check", "--json", f"vllm=={vllm}", f"vllm-omni=={omni}"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def _findings(data: dict, entrypoint: str, field: str = "behaviour_drift") -> list[dict]:
+    return data["import_drift"]["entrypoints"][entrypoint][field]
+
+
+# --------------------------------------------------------------------------------------------- the retro
+# Each drift point that handles call / override / abstract-method / attribute drift, off in turn, on vLLM 0.34.0 +
+# vllm-omni 0.24.0: (entrypoint, its status, kind, the vLLM object's last part, a name the drift is about). The
+# vLLM objects and names are those of the drift points' "Why:" (vLLM 0.25's setup_server(args, *, reuse_port), 0.28's
+# 6-argument wait_for_engine_startup and session_id=, 0.31 / 0.34's abstract EngineClient methods, 0.26's
+# ec_transfer_params read by the completion serving, 0.25's online_renderer= keyword).
+RETRO = {
+    "setup_server_call": [("serve", "will_not_start", "call", "setup_server", "reuse_port")],
+    "engine_client_methods": [(ep, "will_not_start", "abstract", method, method)
+                              for ep in ("offline", "serve")
+                              for method in ("checkpoint_prepare", "checkpoint_restore", "checkpoint_state",
+                                             "release_kv_cache_memory")],
+    "async_omni_session_id": [("serve", "fails_on_request", "override", "generate", "session_id")],
+    "engine_startup_launch": [("diffusion_stage", "will_not_start", "call", "wait_for_engine_startup", "*positional")],
+    "stage_engine_startup_launch": [(ep, "will_not_start", "call", "wait_for_engine_startup", "*positional")
+                                    for ep in ("offline", "serve")],
+    "omni_output_ec_transfer_params": [("serve", "fails_on_request", "attribute", "ec_transfer_params",
+                                        "ec_transfer_params")],
+}
+
+
+@sweep_here
+@pytest.mark.parametrize("entry_id", sorted(RETRO))
+def test_a_handled_drift_stops_the_verdict_once_its_drift_point_is_off(capsys, monkeypatch, wheel_cache, entry_id):
+    wheel_or_skip("vllm", "0.34.0")
+    wheel_or_skip("vllm-omni", "0.24.0")
+    code, on = _check_json(capsys, monkeypatch, "0.34.0", "0.24.0")
+    handled = [f for f in on["import_drift"]["behaviour_drift"]["findings"] if f["handled_by"] == entry_id]
+    assert handled, f"{entry_id} handles nothing on vLLM 0.34.0 + vllm-omni 0.24.0"
+    code, off = _check_json(capsys, monkeypatch, "0.34.0", "0.24.0", disabled=entry_id)
+    assert code == off["exit_code"] == 1 and off["verdict"]["kind"] in ("will_not_start", "fails_on_request")
+    for entrypoint, status, kind, obj, name in RETRO[entry_id]:
+        assert off["import_drift"]["entrypoints"][entrypoint]["status"] == status
+        found = [f for f in _findings(off, entrypoint) if f["kind"] == kind and f["vllm_object"].endswith(obj)
+                 and name in f["names"]]
+        assert found, f"{entry_id} off: no {kind} drift of {obj} ({name}) under {entrypoint}"
+        assert all(f["site"].startswith("vllm_omni.") and f["detail"] for f in found)
+        if status == "fails_on_request":
+            assert found[0]["endpoint"] in ("/v1/completions", "/v1/chat/completions")
+    assert any(name in off["verdict"]["text"] for *_, name in RETRO[entry_id] if name != "*positional") or \
+        "wait_for_engine_startup" in off["verdict"]["text"]
+
+
+@sweep_here
+def test_the_serving_keyword_drift_is_named_as_what_an_llm_stage_server_loses(capsys, monkeypatch, wheel_cache):
+    """vllm-omni 0.24.0 builds the chat / completion servings only `if "generate" in supported_tasks` (a model with
+    an LLM stage): a diffusion server starts without openai_serving_render_keyword (measured: stop 29 served images
+    on vLLM 0.25.1 before the entry existed), so the drift is a left-out feature with its condition, as the LLM
+    stages are on vLLM 0.34, not a stopped server."""
+    wheel_or_skip("vllm", "0.34.0")
+    code, off = _check_json(capsys, monkeypatch, "0.34.0", "0.24.0", disabled="openai_serving_render_keyword")
+    serve = off["import_drift"]["entrypoints"]["serve"]
+    conditional = [f for f in serve["fails_when_used"] if "openai_serving_render" in f["names"]]
+    assert {f["vllm_object"].rsplit(".", 2)[-2] for f in conditional} >= {"OpenAIServingChat", "OpenAIServingCompletion"}
+    assert all(f["effect"] == "stops_when" and "generate" in f["when"] for f in conditional)
+    assert any("openai_serving_render" in text for text in serve["left_out"].values())
+    assert code == 0 and serve["status"] == "works_with_vllm_compat"
+
+
+@sweep_here
+def test_every_matrix_pair_gets_no_drift_nothing_handles_that_stops_it(capsys, monkeypatch, wheel_cache):
+    """With nothing disabled, no cell's entrypoint is stopped or failing by behavioural drift: every drift that
+    stops one is handled by a drift point (the cell's verdict is tests/test_check.py's)."""
+    pairs = sorted({(c["vllm"], c["vllm_omni"]) for c in CELLS if c.get("vllm_omni")})
+    for vllm, omni in pairs:
+        wheel_or_skip("vllm", vllm)
+        code, data = _check_json(capsys, monkeypatch, vllm, omni)
+        for entrypoint, status in data["import_drift"]["entrypoints"].items():
+            assert status["behaviour_drift"] == [], (vllm, omni, entrypoint, status["behaviour_drift"])
+        if (vllm, omni) == (omni, omni):  # vllm-omni's own vLLM: only what changed is reported, and nothing did
+            assert data["import_drift"]["behaviour_drift"]["findings"] == []
+
+
+@sweep_here
+def test_the_shipped_baselines_are_the_scan_of_the_native_wheels(wheel_cache):
+    sys.path.insert(0, str(ROOT / "matrix"))
+    try:
+        import behaviour_baselines
+    finally:
+        sys.path.remove(str(ROOT / "matrix"))
+    pairs = behaviour_baselines.native_pairs(CELLS)
+    assert {omni for _, omni in pairs} >= {"0.24.0", "0.26.0", "0.28.0", "0.30.0"}
+    for vllm, omni in pairs:
+        wheel_or_skip("vllm", vllm)
+        wheel_or_skip("vllm-omni", omni)
+    assert behaviour_baselines.MODULE.read_text() == behaviour_baselines.render(pairs), \
+        "stale: run python matrix/behaviour_baselines.py"
+
+
+# ------------------------------------------------------------------------------- one real pair, every cell
+
+
+@pytest.fixture(scope="module")
+def pair_031(wheel_cache):
+    return SourceTree(wheel_or_skip("vllm-omni", "0.24.0")), SourceTree(wheel_or_skip("vllm", "0.31.0"))
+
+
+def test_vllm_031_under_vllm_omni_024_finds_the_drift_its_drift_points_were_written_for(pair_031):
+    omni, vllm = pair_031
+    drift = check_behaviour_drift(omni, vllm, "0.24.0")
+    assert drift.baseline == "0.24.0" and drift.checked > 100 and drift.undecidable > 0
+    found = {(f.kind, f.vllm_object.rsplit(".", 1)[-1], name) for f in drift.findings for name in f.names}
+    assert ("call", "setup_server", "reuse_port") in found  # vLLM 0.25
+    assert ("call", "__init__", "openai_serving_render") in found  # vLLM 0.25's servings: online_renderer=
+    assert ("call", "wait_for_engine_startup", "*positional") in found  # vLLM 0.28: 8 arguments -> 6
+    assert ("override", "generate", "session_id") in found  # vLLM 0.28
+    assert ("attribute", "ec_transfer_params", "ec_transfer_params") in found  # vLLM 0.26
+    assert ("abstract", "release_kv_cache_memory", "release_kv_cache_memory") in found  # vLLM 0.31
+    assert ("abstract", "checkpoint_prepare", "checkpoint_prepare") not in found  # vLLM 0.34's, not 0.31's
+    setup = next(f for f in drift.findings if f.vllm_object.endswith("setup_server"))
+    assert setup.site == "vllm_omni.entrypoints.openai.api_server" and setup.entrypoints == ("serve",)
+    assert setup.effect("serve") == "stops" and "reuse_port" in setup.signature
+
+
+def test_without_a_baseline_every_finding_is_reported_and_the_report_says_so(pair_031, monkeypatch):
+    omni, vllm = pair_031
+    from vllm_compat.detect import behaviour_baselines
+
+    monkeypatch.setattr(behaviour_baselines, "BASELINES", {})
+    bare = check_behaviour_drift(omni, vllm, "0.24.0")
+    assert bare.baseline is None and "0.24.0" in bare.baseline_note
+    monkeypatch.undo()
+    differential = check_behaviour_drift(omni, vllm, "0.24.0")
+    assert {f.key for f in differential.findings} < {f.key for f in bare.findings}  # the native noise is gone
+
+
+# ------------------------------------------------------------------------ shapes no release pair has
+
+
+HOST_V1 = {
+    "vllm/__init__.py": "",
+    "vllm/api.py": """
+        from abc import ABC, abstractmethod
+
+        class Base:
+            def __init__(self, model, dtype=None): ...
+
+        def launch(config, *, port=0): ...
+
+        class Client(ABC):
+            @abstractmethod
+            def generate(self, prompt, *, priority=0) -> "Output": ...
+
+        class Output:
+            def __init__(self):
+                self.text = ""
+        """,
+    "vllm/serving.py": """
+        from vllm.api import Output
+
+        def render(out: Output):
+            return out.text
+        """,
+}
+HOST_V2 = {  # each change one kind of drift: a required keyword, a positional gone, an abstract method, a new read
+    **HOST_V1,
+    "vllm/api.py": """
+        from abc import ABC, abstractmethod
+
+        class Base:
+            def __init__(self, model, *, cache): ...
+
+        def launch(*, config, port=0): ...
+
+        class Client(ABC):
+            @abstractmethod
+            def generate(self, prompt, *, priority=0, session=None) -> "Output": ...
+
+            @abstractmethod
+            def stop(self): ...
+
+        class Output:
+            def __init__(self):
+                self.text = ""
+                self.tokens = []
+        """,
+    "vllm/serving.py": """
+        from vllm.api import Output
+
+        def render(out: Output):
+            return out.text, out.tokens
+
+        async def serve(client):
+            return client.generate("p", session="s")
+        """,
+}
+PLUGIN = {
+    "vllm_omni/__init__.py": "",
+    "vllm_omni/entrypoints/__init__.py": "",
+    "vllm_omni/entrypoints/omni.py": """
+        from vllm.api import Base, Client, launch
+        from vllm.serving import render, serve
+        from vllm_omni.outputs import OmniOutput
+
+        class Engine(Base):
+            def __init__(self, model):
+                super().__init__(model)
+
+        class OmniClient(Client):
+            def generate(self, prompt, *, priority=0) -> OmniOutput: ...
+
+        def start(args, kwargs):
+            launch(args)
+            launch(*args, **kwargs)  # undecidable
+            if args.remote:
+                launch(args, 1)
+            return Engine("m"), OmniClient()
+        """,
+    "vllm_omni/outputs.py": """
+        class OmniOutput:
+            def __init__(self):
+                self.text = ""
+        """,
+}
+
+
+def _tree(tmp_path: Path, name: str, files: dict) -> SourceTree:
+    for relpath, text in files.items():
+        path = tmp_path / name / relpath
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return SourceTree(tmp_path / name)
+
+
+def test_each_kind_is_found_against_the_old_host_and_only_what_changed(tmp_path):
+    plugin = _tree(tmp_path, "plugin", PLUGIN)
+    old, new = _tree(tmp_path, "v1", HOST_V1), _tree(tmp_path, "v2", HOST_V2)
+    before, _, _ = scan(plugin, old)
+    # on the old host only the call that never fitted: launch(args, 1) passes 2 positionals to (config, *, port)
+    assert [(f.kind, f.names) for f in before] == [("call", ("*positional",))]
+    drift = check_behaviour_drift(plugin, new, None, baseline_tree=lambda version: (old, ""))
+    found = {(f.kind, f.plugin_object.rsplit(".", 1)[-1], f.names): f for f in drift.findings}
+    assert len(found) == len(drift.findings)
+    assert set(found) == {
+        ("call", "__init__", ("cache",)),  # super().__init__(model): the base now requires keyword-only cache
+        ("call", "start", ("*positional",)),  # launch(args): config became keyword-only (launch(args, 1) did not fit)
+        ("abstract", "OmniClient", ("stop",)),
+        ("override", "generate", ("session",)),  # vLLM's serve() passes session= to what generate() returns
+        ("attribute", "OmniOutput", ("tokens",)),  # vLLM's render() reads .tokens from what stands in for Output
+    }, drift.findings
+    assert found[("call", "start", ("*positional",))].effect("offline") == "stops"  # start() is in a root module
+    assert found[("override", "generate", ("session",))].via == "vllm.serving"
+    assert drift.undecidable >= 1  # launch(*args, **kwargs)
+
+
+def test_a_start_failure_under_an_if_is_named_with_its_condition(tmp_path):
+    plugin_files = {**PLUGIN, "vllm_omni/entrypoints/omni.py": """
+        from vllm.api import launch
+
+        def start(args):
+            if args.remote:
+                launch(args)
+        """}
+    drift = check_behaviour_drift(_tree(tmp_path, "plugin", plugin_files), _tree(tmp_path, "v2", HOST_V2), None,
+                                  baseline_tree=lambda version: (_tree(tmp_path, "v1", HOST_V1), ""))
+    (finding,) = drift.findings
+    assert finding.effect("offline") == "stops_when" and finding.stops_when("offline") == "args.remote"
