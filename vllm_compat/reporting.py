@@ -33,6 +33,10 @@ class Report:
     # doctor: installed METADATA, no index); None: not asked (check keeps its own on CheckResult).
     _dependency_drift: object = field(default=None, repr=False)
 
+    def __post_init__(self):
+        if self._import_drift is not ... and self._behaviour_drift is ...:
+            self._behaviour_drift = None  # an import drift of other trees: the installed pair's scan does not apply
+
     @property
     def dependency_drift(self):
         if callable(self._dependency_drift):

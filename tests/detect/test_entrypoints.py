@@ -94,7 +94,7 @@ def test_verdict_names_what_will_not_start_and_what_starts(drift):
     data = report.to_dict()["import_drift"]["entrypoints"]
     assert data["serve"] == {"label": "`vllm serve --omni`", "status": "will_not_start", "missing": [LAUNCHER],
                              "bridged": [], "roots": list(ENTRYPOINTS["vllm_omni"][1].roots), "not_installed": [],
-                             "left_out": {}}
+                             "left_out": {}, "behaviour_drift": [], "fails_when_used": [], "handled": []}
     assert data["offline"]["status"] == "works"
     table = report.render_table()
     assert "`vllm serve --omni`" in table and "WILL NOT START" in table

@@ -20,7 +20,9 @@ PACKAGE = Path(vllm_compat.__file__).parent
 # drift point reads (detect/).
 GENERIC_MODULES = ("activate.py", "reporting.py", "cli.py", "config.py", "decide.py", "hooks.py", "drift.py",
                    "pytest_plugin.py", "__init__.py", "check.py", "patches/__init__.py", "patches/_method.py",
-                   *sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "detect").glob("*.py")))
+                   *sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "detect").glob("*.py")
+                           # measured data, not a layer: the behavioural scan's findings on the native pairs
+                           if p.name != "behaviour_baselines.py"))
 # The loader drift point's facts, its variants and its switch: its package's alone.
 LOADER_FACTS = ("uses_meta_device", "finalize", "DiffusersPipelineLoader", "meta_safe", "legacy", "diffusers_loader",
                 "LOADER_VARIANT", "loader_variant", "meta_device")

@@ -12,7 +12,7 @@ Import drift (``import_drift``) finds names that are gone. This finds what still
   which is how vLLM calls it (``EngineClient.generate(..., session_id=)``, vLLM 0.28);
 * ``attribute``: an attribute vLLM's code reads from the objects vllm-omni hands it in place of its own (a vllm-omni
   override returns them where the vLLM base returns vLLM's class) that vllm-omni's class does not define
-  (``RequestOutput.ec_transfer_params``, read by vLLM 0.26's completion serving from ``OmniRequestOutput``).
+  (an attribute vLLM 0.26's completion serving reads from every request output, which vllm-omni's outputs lacked).
 
 Differential: the same scan runs against the vLLM the vllm-omni release was made for (``own_vllm``) and only what
 is new on the target is reported, so the noise of untyped code (a call the reading gets wrong, on both) never is.
