@@ -257,7 +257,9 @@ def render(result: CheckResult) -> str:
 
 
 def run_check(args) -> int:
-    """``vllm-compat check`` (cli.py's handler): print the screen or JSON; 0 / 1 / 2 as the module says."""
+    """``vllm-compat check`` (cli.py's handler): print the screen or JSON; 0 / 1 / 2 as the module says. With
+    ``--require IDS`` (``require.gate``) the exit code is 0 when those entrypoints start, 1 otherwise, and one
+    stderr line says which do; ``--json`` then holds the gate under ``require``."""
     try:
         vllm, omni = resolve_inputs(list(args.specs), newest=args.newest)
         result = run(vllm, omni)
@@ -266,7 +268,16 @@ def run_check(args) -> int:
         if args.json:
             print(json.dumps({"error": {"kind": exc.kind, "message": str(exc)}, "exit_code": 2}, indent=2))
         return 2
-    print(json.dumps(result.to_dict(), indent=2) if args.json else render(result))
+    required = getattr(args, "require", None)
+    answer = None
+    if required is not None:  # the gate on the entrypoints asked for (require.py); the verdict is printed as ever
+        from .require import gate
+
+        answer = gate(result.report, required)
+    data = {**result.to_dict(), "require": answer.to_dict()} if answer is not None else None
+    print(json.dumps(data or result.to_dict(), indent=2) if args.json else render(result))
+    if answer is not None:
+        print(answer.line("check"), file=sys.stderr)
     if getattr(args, "overrides", None):
         from .dependency_drift import write_overrides
 
@@ -277,4 +288,4 @@ def run_check(args) -> int:
         count = write_overrides(args.overrides, result.dependencies)
         print(f"vllm-compat check: {count} override line(s) written to {args.overrides} "
               f"(uv pip install ... --override {args.overrides})", file=sys.stderr)
-    return result.exit_code
+    return answer.exit_code if answer is not None else result.exit_code

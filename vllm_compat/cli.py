@@ -1,4 +1,4 @@
-"""``vllm-compat doctor``, ``vllm-compat scan`` and ``vllm-compat check`` (also ``python -m vllm_compat``).
+"""``vllm-compat doctor``, ``scan``, ``check`` and ``plan`` (also ``python -m vllm_compat``).
 
 Exit codes: 0 handled or nothing to do; 1 a target refused, a runtime failure, or static and runtime
 detection disagreeing; 2 usage errors (bad arguments, bad ``VLLM_COMPAT_*`` values, unreadable paths).
@@ -21,8 +21,16 @@ def _doctor(args) -> int:
             result = report(runtime=True)
     else:
         result = report()
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.render_table())
-    return result.exit_code
+    if args.require is None:
+        print(json.dumps(result.to_dict(), indent=2) if args.json else result.render_table())
+        return result.exit_code
+    from .require import gate
+
+    answer = gate(result, args.require)
+    print(json.dumps({**result.to_dict(), "require": answer.to_dict()}, indent=2) if args.json
+          else result.render_table())
+    print(answer.line("doctor"), file=sys.stderr)
+    return answer.exit_code
 
 
 @contextlib.contextmanager
@@ -94,6 +102,22 @@ def _check(args) -> int:
     return run_check(args)
 
 
+def _plan(args) -> int:
+    from .plan import run_plan
+
+    return run_plan(args)
+
+
+def _add_require(parser: argparse.ArgumentParser) -> None:
+    from .require import ALIASES, known_ids, required_entrypoints
+
+    parser.add_argument(
+        "--require", metavar="IDS", type=required_entrypoints, default=None,
+        help=f"exit 0 when these entrypoints start, 1 otherwise (comma-separated: {', '.join(known_ids())}; "
+             f"aliases {', '.join(f'{a}={t}' for a, t in ALIASES.items())}); default: every entrypoint, as the "
+             "verdict says")
+
+
 def _command(commands, name: str, handler, summary: str, printed: str) -> argparse.ArgumentParser:
     """A subcommand (``summary``: its help line) running ``handler(args)``, with ``--json`` (print the ``printed`` as
     JSON)."""
@@ -110,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "report")
     doctor.add_argument("--runtime", action="store_true",
                         help="import vLLM and vllm-omni, apply the shim and show the live result (slow)")
+    _add_require(doctor)
     scan = _command(commands, "scan", _scan, "static capability profile of wheels, trees or site-packages",
                     "profiles")
     scan.add_argument("paths", nargs="+", metavar="PATH")
@@ -126,6 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--overrides", metavar="FILE", default=None,
                        help="write the override lines that resolve the pair's dependency conflicts to FILE, for "
                             "`uv pip install vllm==X vllm-omni==Y --override FILE` (docs/dependency-drift.md)")
+    _add_require(check)
+    plan = _command(commands, "plan", _plan, "how far can vllm-omni X follow vLLM? checks it on the newest patch of "
+                    "every vLLM minor from its own to the newest on the index, one row each", "plan")
+    plan.add_argument("spec", nargs="?", default=None, metavar="SPEC",
+                      help="vllm-omni==X, a vllm-omni wheel or tree (default: the vllm-omni installed here)")
+    which = plan.add_mutually_exclusive_group()
+    which.add_argument("--upto", metavar="VERSION", default=None,
+                       help="stop at this vLLM minor (0.30: up to the newest 0.30.x) instead of the newest")
+    which.add_argument("--vllm", metavar="A,B", default=None,
+                       help="check these vLLM releases (comma-separated) instead of asking the index")
     return parser
 
 

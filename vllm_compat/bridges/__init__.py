@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..detect.source_tree import parse_source
 from ..drift import MARK, is_ours, provide, withdraw  # noqa: F401 - the install primitive, re-exported
 
 
@@ -75,7 +76,7 @@ def calls_of(source: str, module: str, name: str) -> list:
     ``SyntaxError`` propagates."""
     import ast
 
-    tree = ast.parse(source)
+    tree = parse_source(source)
     bound = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
              and node.module == module and not node.level for alias in node.names if alias.name == name}
     calls = [node for node in ast.walk(tree)
@@ -88,7 +89,7 @@ def imports_name(source: str, module: str, name: str) -> bool:
     import ast
 
     return any(isinstance(node, ast.ImportFrom) and node.module == module and not node.level
-               and any(alias.name == name for alias in node.names) for node in ast.walk(ast.parse(source)))
+               and any(alias.name == name for alias in node.names) for node in ast.walk(parse_source(source)))
 
 
 def installed_omni_tree():

@@ -32,6 +32,7 @@ import textwrap
 from dataclasses import asdict, dataclass
 
 from ..decide import Action, Decision
+from ..detect.source_tree import parse_source
 from ..drift import DriftPoint, mark, replace, restore, unwrap
 from ..errors import PatchRefusedError
 from . import calls_of
@@ -163,7 +164,7 @@ def classify_caller(source: str) -> tuple[str, tuple[str, ...], str]:
 def callee_from_module_source(source: str | None) -> tuple[str, str]:
     if source is None:
         return CallShape.UNKNOWN, f"{CALLEE_FILE} is unreadable"
-    tree = ast.parse(source)
+    tree = parse_source(source)
     func = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == NAME), None)
     return classify_callee(func, tree)
 

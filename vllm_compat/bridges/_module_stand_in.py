@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..decide import Action
+from ..detect.source_tree import parse_source
 from ..drift import is_ours, mark, provide, withdraw
 from ..errors import PatchRefusedError, VllmCompatError
 from . import (
@@ -111,7 +112,7 @@ def vllm_function(read, relpath: str, name: str, params: str):
     source = read(relpath)
     if source is None:
         return None, f"{relpath} is missing or unreadable"
-    func = next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    func = next((n for n in parse_source(source).body if isinstance(n, ast.FunctionDef) and n.name == name), None)
     if func is None:
         return None, f"{module} has no {name}"
     args = func.args
@@ -135,7 +136,7 @@ def init_shape(source: str | None, relpath: str, cls_name: str, positional: tupl
         return Shape.UNKNOWN, f"{relpath} is missing or unreadable"
     import ast
 
-    cls = next((n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
+    cls = next((n for n in parse_source(source).body if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
     init = cls and next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
     if init is None:
         return Shape.UNKNOWN, f"{module} has no {cls_name}.__init__"

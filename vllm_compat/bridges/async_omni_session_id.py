@@ -26,6 +26,7 @@ import functools
 from dataclasses import asdict, dataclass
 
 from ..decide import Action
+from ..detect.source_tree import parse_source
 from ..drift import DriftPoint, replace, restore, unwrap
 
 SERVING_FILE = "vllm/entrypoints/openai/completion/serving.py"
@@ -56,7 +57,7 @@ def vllm_shape_from_source(source: str | None) -> str:
     if source is None:
         return Shape.ABSENT
     passes = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == METHOD
-                 and any(k.arg == KEYWORD for k in n.keywords) for n in ast.walk(ast.parse(source)))
+                 and any(k.arg == KEYWORD for k in n.keywords) for n in ast.walk(parse_source(source)))
     return Shape.PASSES if passes else Shape.FITS
 
 
@@ -68,7 +69,7 @@ def omni_shape_from_source(source: str | None) -> str:
     """Whether vllm-omni's ``AsyncOmni.generate`` (its file) takes ``session_id`` or ``**kwargs``."""
     if source is None:
         return Shape.ABSENT
-    cls = next((n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == CLIENT), None)
+    cls = next((n for n in parse_source(source).body if isinstance(n, ast.ClassDef) and n.name == CLIENT), None)
     method = cls and next((n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                            and n.name == METHOD), None)
     if method is None:

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..decide import Action
+from ..detect.source_tree import parse_source
 from ..drift import DriftPoint, replace, restore, unwrap
 
 LOGGER_FILE = "vllm/logger.py"
@@ -67,7 +68,7 @@ def vllm_shape_from_source(source: str | None) -> tuple[str, str]:
     or only through ``configure_logging_from_args`` (defined, no module-level call)."""
     if source is None:
         return Shape.ABSENT, ""
-    tree = ast.parse(source)
+    tree = parse_source(source)
     at_import = any(isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
                     and getattr(node.value.func, "id", None) == IMPORT_TIME_CONFIGURE for node in tree.body)
     if at_import:
@@ -89,7 +90,7 @@ def omni_shape_from_sources(main: str | None, serve: str | None) -> tuple[str, s
     ``OmniServeCommand.validate`` (the call this adapter precedes); ``absent`` without the serve command."""
     if main is None or serve is None:
         return Shape.ABSENT, ""
-    main_tree, serve_tree = ast.parse(main), ast.parse(serve)
+    main_tree, serve_tree = parse_source(main), parse_source(serve)
     if (_names(main_tree) | _names(serve_tree)) & SETUP_FUNCTIONS:
         return Shape.SETS_UP, ""
     command = next((n for n in serve_tree.body if isinstance(n, ast.ClassDef) and n.name == COMMAND), None)

@@ -25,6 +25,7 @@ import functools
 from dataclasses import asdict, dataclass
 
 from ..decide import Action
+from ..detect.source_tree import parse_source
 from ..drift import DriftPoint, is_ours, provide, withdraw
 from ..errors import VllmCompatError
 
@@ -53,7 +54,7 @@ def abstract_methods(source: str | None, class_name: str = "EngineClient") -> se
     """The methods ``class_name`` declares with ``@abstractmethod`` in ``source``; None when it is not there."""
     if source is None:
         return None
-    for node in ast.parse(source).body:
+    for node in parse_source(source).body:
         if isinstance(node, ast.ClassDef) and node.name == class_name:
             return {f.name for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                     and any(getattr(d, "id", getattr(d, "attr", None)) == "abstractmethod" for d in f.decorator_list)}
@@ -68,7 +69,7 @@ def defined_methods(tree, relpath: str, class_name: str, seen: set | None = None
     if source is None or (relpath, class_name) in seen:
         return None
     seen.add((relpath, class_name))
-    module = ast.parse(source)
+    module = parse_source(source)
     imported = {alias.asname or alias.name: (node.module, alias.name) for node in module.body
                 if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vllm_omni")
                 for alias in node.names}

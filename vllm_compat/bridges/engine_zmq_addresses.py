@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import sys
 
+from ..detect.source_tree import parse_source
 from ._name_stand_in import FunctionStandIn, FunctionStandInFacts, Shape
 
 MODULE, NAME = "vllm.v1.engine.utils", "get_engine_zmq_addresses"  # the catalogue row's target
@@ -65,7 +66,7 @@ def get_engine_zmq_addresses(vllm_config, num_api_servers: int = 1):
 def _replacement_from_source(source: str | None) -> tuple[str, str]:
     if source is None:
         return Shape.UNKNOWN, f"{HOST_FILE} is unreadable"
-    tree = ast.parse(source)
+    tree = parse_source(source)
     func = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == REPLACEMENT), None)
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
 

@@ -45,6 +45,7 @@ import ast
 import importlib
 from pathlib import Path
 
+from ..detect.source_tree import parse_source
 from ._name_stand_in import FunctionStandIn, FunctionStandInFacts, Shape
 
 MODULE, NAME = "vllm.v1.core.kv_cache_utils", "get_kv_cache_configs"  # the catalogue row's target
@@ -105,7 +106,7 @@ def _replacement_from_source(source: str | None) -> tuple[str, str]:
     exactly the measured positional parameters, and the grouping flag read on a ``model_config``."""
     if source is None:
         return Shape.UNKNOWN, f"{PLANNING_FILE} is missing or unreadable, and {MODULE} has no {NAME}"
-    tree = ast.parse(source)
+    tree = parse_source(source)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     problems = []
     for name, expected in ((GROUPING, GROUPING_PARAMS), (PLANNER, PLANNER_PARAMS)):

@@ -23,6 +23,7 @@ import ast
 from dataclasses import asdict, dataclass
 
 from ..decide import Action
+from ..detect.source_tree import parse_source
 from ._class_stand_in import ClassAttributeStandIn
 
 SERVING_FILE = "vllm/entrypoints/openai/completion/serving.py"
@@ -50,14 +51,14 @@ def vllm_reads_it(source: str | None) -> str:
     if source is None:
         return Kind.ABSENT
     return Kind.READS if any(isinstance(n, ast.Attribute) and n.attr == NAME and isinstance(n.ctx, ast.Load)
-                             for n in ast.walk(ast.parse(source))) else Kind.FITS
+                             for n in ast.walk(parse_source(source))) else Kind.FITS
 
 
 def omni_defines_it(source: str | None) -> str:
     """Whether ``OmniRequestOutput`` in ``source`` defines ``ec_transfer_params`` (a field, an assignment or a def)."""
     if source is None:
         return Kind.ABSENT
-    cls = next((n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == CLASS_NAME), None)
+    cls = next((n for n in parse_source(source).body if isinstance(n, ast.ClassDef) and n.name == CLASS_NAME), None)
     if cls is None:
         return Kind.ABSENT
     for node in cls.body:

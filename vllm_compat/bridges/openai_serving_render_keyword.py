@@ -26,6 +26,7 @@ import ast
 from dataclasses import asdict, dataclass
 
 from ..decide import Action
+from ..detect.source_tree import parse_source
 from ..drift import DriftPoint, is_ours, replace, restore
 
 CALLER_FILE = "vllm_omni/entrypoints/openai/api_server.py"
@@ -68,7 +69,7 @@ def servings_shape_from_files(read) -> tuple[str, str]:
     shapes = {}
     for relpath, name in SERVINGS:
         source = read(relpath)
-        cls = source and next((n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == name),
+        cls = source and next((n for n in parse_source(source).body if isinstance(n, ast.ClassDef) and n.name == name),
                               None)
         init = cls and next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
         args = init and init.args
@@ -84,7 +85,7 @@ def callers_from_source(source: str | None) -> tuple[str, tuple[str, ...]]:
     """(``Shape``, the names vllm-omni calls with ``openai_serving_render=``) in its ``api_server.py``."""
     if source is None:
         return Shape.ABSENT, ()
-    names = sorted({n.func.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
+    names = sorted({n.func.id for n in ast.walk(parse_source(source)) if isinstance(n, ast.Call)
                     and isinstance(n.func, ast.Name) and any(k.arg == OLD_KEYWORD for k in n.keywords)})
     return (Shape.OLD_KEYWORD, tuple(names)) if names else (Shape.FITS, ())
 

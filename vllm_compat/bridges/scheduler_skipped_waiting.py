@@ -23,6 +23,7 @@ import ast
 from dataclasses import asdict, dataclass
 
 from ..decide import Action
+from ..detect.source_tree import parse_source
 from ._class_stand_in import ClassAttributeStandIn
 
 CLASS_NAME, NAME = "OmniSchedulerMixin", "skipped_waiting"  # the catalogue row's target
@@ -50,12 +51,12 @@ def reads_it(source: str | None) -> bool:
     """Whether ``source`` reads ``self.skipped_waiting`` (an attribute load, not ``getattr`` with a default)."""
     return source is not None and any(
         isinstance(n, ast.Attribute) and n.attr == NAME and isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Name)
-        and n.value.id == "self" for n in ast.walk(ast.parse(source)))
+        and n.value.id == "self" for n in ast.walk(parse_source(source)))
 
 
 def assigns_it(source: str | None) -> bool:
     return source is not None and any(
-        isinstance(n, ast.Attribute) and n.attr == NAME and isinstance(n.ctx, ast.Store) for n in ast.walk(ast.parse(source)))
+        isinstance(n, ast.Attribute) and n.attr == NAME and isinstance(n.ctx, ast.Store) for n in ast.walk(parse_source(source)))
 
 
 def facts_of(vllm_tree, omni_tree) -> SkippedWaitingFacts:

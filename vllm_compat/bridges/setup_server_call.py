@@ -23,6 +23,7 @@ import functools
 from dataclasses import asdict, dataclass
 
 from ..decide import Action
+from ..detect.source_tree import parse_source
 from ..drift import DriftPoint, replace, restore, unwrap
 
 CALLEE_MODULE = "vllm.entrypoints.openai.api_server"
@@ -81,7 +82,7 @@ def caller_shape_from_source(source: str | None) -> tuple[str, str]:
     """How vllm-omni calls ``setup_openai_server``: every call ``(args)`` alone, or one passing ``reuse_port``."""
     if source is None:
         return Shape.ABSENT, ""
-    tree = ast.parse(source)
+    tree = parse_source(source)
     bound = any(isinstance(n, ast.ImportFrom) and n.module == CALLEE_MODULE and
                 any(a.name == CALLEE and a.asname == "setup_openai_server" for a in n.names) for n in ast.walk(tree))
     if not bound:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .host_index import absolute_module, host_index
 from .model import Param, ParamKind
-from .source_tree import SourceTree
+from .source_tree import SourceTree, parse_source
 from .static import function_params as signature
 
 _PARSED: dict[tuple[str, str], ast.Module | None] = {}
@@ -42,7 +42,7 @@ def parsed(tree: SourceTree, relpath: str) -> ast.Module | None:
     if key not in _PARSED:
         text = tree.read(relpath)
         try:
-            _PARSED[key] = ast.parse(text) if text is not None else None
+            _PARSED[key] = parse_source(text) if text is not None else None
         except SyntaxError:
             _PARSED[key] = None
     return _PARSED[key]

@@ -17,7 +17,7 @@ import ast
 import hashlib
 
 from .host_index import absolute_module, host_index
-from .source_tree import SourceTree
+from .source_tree import SourceTree, parse_source
 
 # Fields that some Python versions have and others lack, or that carry no meaning for identity.
 _SKIPPED_FIELDS = frozenset({"type_params", "type_comment", "kind", "ctx"})
@@ -121,7 +121,7 @@ class Definitions:
         if relpath not in self._parsed:
             text = self.tree.read(relpath)
             try:
-                self._parsed[relpath] = ast.parse(text) if text is not None else None
+                self._parsed[relpath] = parse_source(text) if text is not None else None
             except SyntaxError:
                 self._parsed[relpath] = None
         return self._parsed[relpath]

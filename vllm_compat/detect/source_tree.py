@@ -80,6 +80,20 @@ class SourceTree:
         return None
 
 
+_PARSED: dict = {}
+
+
+def parse_source(text: str):
+    """``ast.parse(text)``, once per process for the same text: the drift points and the scans of one run read the
+    same files (``SyntaxError`` as ``ast.parse`` raises it). Callers only read the tree they get."""
+    found = _PARSED.get(text)
+    if found is None:
+        import ast
+
+        found = _PARSED[text] = ast.parse(text)
+    return found
+
+
 def installed_package_root(name: str) -> Path | None:
     """The directory holding the installed top-level package ``name``, found without importing it."""
     try:

@@ -37,6 +37,7 @@ _NETWORK_HINTS = re.compile(
 )
 _FROM_VERSIONS = re.compile(r"\(from versions: ([^)]*)\)")
 _NEWEST = re.compile(r"^\S+ \(([^)]+)\)\s*$", re.M)
+_AVAILABLE = re.compile(r"^Available versions: (.*)$", re.M)
 
 
 class WheelError(VllmCompatError):
@@ -204,17 +205,42 @@ def fetch_wheel(distribution: str, version: str, directory: Path | None = None) 
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def newest_version(distribution: str) -> str:
-    """The newest version of ``distribution`` on the index (``pip index versions``; pre-releases excluded,
-    as pip excludes them). Raises ``WheelError`` when the index cannot tell."""
+def _index_versions(distribution: str) -> tuple[str, list[str]]:
+    """``(newest, every version listed)`` as ``pip index versions --only-binary :all:`` prints them (pre-releases
+    excluded, as pip excludes them). Raises ``WheelError`` when the index cannot tell."""
     pip = pip_command()
     result = subprocess.run([*pip, "index", "versions", "--only-binary", ":all:", distribution],
                             capture_output=True, text=True)
     match = _NEWEST.search(result.stdout)
     if result.returncode == 0 and match:
-        return match.group(1)
+        listed = _AVAILABLE.search(result.stdout)
+        return match.group(1), [v.strip() for v in listed.group(1).split(",") if v.strip()] if listed else []
     output = result.stdout + result.stderr
     if "unknown command" in output:
         raise WheelError("pip_failed", f"`{' '.join(pip)} index versions` does not exist in this pip (it needs "
                                        f"pip >= 21.2); name the version instead: {distribution}==X.")
     raise _failure(distribution, None, output)
+
+
+def newest_version(distribution: str) -> str:
+    """The newest version of ``distribution`` on the index (``pip index versions``; pre-releases excluded,
+    as pip excludes them). Raises ``WheelError`` when the index cannot tell."""
+    return _index_versions(distribution)[0]
+
+
+def release_versions(distribution: str) -> list[str]:
+    """Every final release of ``distribution`` on the index, oldest first (``pip index versions``: pre-releases
+    excluded by pip; dev releases and names that do not parse dropped here; post releases kept, they are
+    releases). One pip call. Raises ``WheelError`` when the index cannot tell."""
+    from packaging.version import InvalidVersion, Version
+
+    newest, listed = _index_versions(distribution)
+    found = {}
+    for text in listed or [newest]:
+        try:
+            version = Version(text)
+        except InvalidVersion:
+            continue
+        if not (version.is_prerelease or version.is_devrelease):
+            found[version] = text
+    return [found[v] for v in sorted(found)]

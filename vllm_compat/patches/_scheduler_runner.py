@@ -20,6 +20,7 @@ import ast
 from dataclasses import asdict, dataclass
 
 from ..decide import Action, Decision
+from ..detect.source_tree import parse_source
 from ._method import MethodPatch
 
 FLAG = "use_v2_model_runner"
@@ -51,7 +52,7 @@ def assigns_flag(source: str | None, value=None) -> bool:
     """Whether ``source`` assigns ``self.use_v2_model_runner`` (to the constant ``value``, when given)."""
     if source is None:
         return False
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse_source(source)):
         if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Attribute) and t.attr == FLAG and isinstance(t.value, ast.Name)
                 and t.value.id == "self" for t in node.targets):
@@ -70,7 +71,7 @@ def v2_default_for_dense_models(config_source: str | None) -> bool:
     asks only for its listed architectures."""
     if config_source is None:
         return False
-    tree = ast.parse(config_source)
+    tree = parse_source(config_source)
     prop = _function(tree, FLAG)
     if prop is None:
         return False

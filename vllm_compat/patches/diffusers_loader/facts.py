@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 from ...detect.model import Param, accepts_call, render_params
 from ...detect.runtime import import_optional, live_params
-from ...detect.source_tree import SourceTree
+from ...detect.source_tree import SourceTree, parse_source
 from ...detect.static import function_params
 from ...detect.versions import installed_version
 
@@ -296,7 +296,7 @@ def _parse(tree: SourceTree, relpath: str) -> ast.Module | None:
     if text is None:
         return None
     try:
-        return ast.parse(text)
+        return parse_source(text)
     except SyntaxError:
         return None
 
@@ -342,7 +342,7 @@ def scan_omni_meta_device_methods(tree: SourceTree) -> tuple[str, ...]:
         text = tree.read(relpath)
         if not text or "uses_meta_device" not in text:
             continue  # cheap pre-filter: most files never mention it
-        module = ast.parse(text)
+        module = parse_source(text)
         for node in module.body:
             if isinstance(node, ast.ClassDef) and _assigns_name(node.body, "uses_meta_device", True):
                 found.append(f"{relpath[:-3].replace('/', '.')}:{node.name}")
