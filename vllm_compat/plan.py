@@ -169,6 +169,8 @@ def make_plan(spec: str | None, vllm_versions: list[str] | None = None, upto: st
     from .detect.behaviour_drift import own_vllm
     from .detect.wheels import release_versions
 
+    for version in [*(vllm_versions or ()), *([upto] if upto is not None else [])]:
+        _release(version)  # a usage error before anything is fetched
     omni = _omni_input(spec)
     own = own_vllm(omni.version)
     if own is None:
@@ -176,9 +178,6 @@ def make_plan(spec: str | None, vllm_versions: list[str] | None = None, upto: st
                                   "pass vllm-omni==X or list the vLLM releases with --vllm A,B.")
     if vllm_versions is None:
         vllm_versions = select_releases(release_versions("vllm"), own, upto)
-    else:
-        for version in vllm_versions:
-            _release(version)
     rows = []
     for index, version in enumerate(vllm_versions, 1):
         started = time.perf_counter()
