@@ -333,7 +333,9 @@ def test_a_hook_refuses_its_entry_on_a_bad_control_instead_of_raising_mid_import
     )
     assert result.returncode == 0, result.stderr
     decided = json.loads(result.stdout.split("DECIDED ", 1)[1])
-    assert readers and sorted(decided) == sorted(fired), decided
+    # every fired entry is decided; one decided normally (an unknown name refuses none) may import vLLM, whose own
+    # targets' hooks then decide too
+    assert readers and (sorted(decided) == sorted(fired) if refused else set(fired) <= set(decided)), decided
     for entry_id, (action, reason) in decided.items():
         if entry_id in refused:
             assert action == "refused" and reason.startswith(f"{name}={value!r} ") and allowed in reason, reason

@@ -93,6 +93,11 @@ def test_check_agrees_with_the_matrix_cell(capsys, wheel_cache, cell):
     statuses = {k: v["status"] for k, v in data["import_drift"]["entrypoints"].items()}
     if "entrypoints" in cell:
         assert statuses == cell["entrypoints"]
+    # No behavioural drift stops or fails an entrypoint unhandled (vllm_compat/detect/behaviour_drift.py); on
+    # vllm-omni's own vLLM nothing is new at all.
+    assert [f for e in data["import_drift"]["entrypoints"].values() for f in e["behaviour_drift"]] == []
+    if cell.get("native"):
+        assert data["import_drift"]["behaviour_drift"]["findings"] == []
     assert data["still_blocking"]["diffusion_stage"] == data["still_blocking"]["diffusion_worker"]
     # The method patches besides the loader that act on this pair (matrix/vllm.toml `patched`, measured by refresh).
     patched = sorted(p["name"] for p in data["patches"] if p["action"] == "patched" and p["name"] != LOADER_ENTRY
