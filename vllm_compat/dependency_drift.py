@@ -95,6 +95,15 @@ class DependencyDrift:
     conflicts: list[Conflict] = field(default_factory=list)
     pinned_read: tuple[str, ...] = ()  # "diffusers 0.38.0", ...
     unread: dict[str, str] = field(default_factory=dict)  # package -> why
+    # Files two installed distributions both own (detect.file_owners.FileOwners; the doctor's only): a callable is
+    # called on first use, by render_lines / to_dict (--verbose, --json), never by the short screen's fields.
+    _file_clashes: object = field(default=None, repr=False)
+
+    @property
+    def file_clashes(self):
+        if callable(self._file_clashes):
+            self._file_clashes = self._file_clashes()
+        return self._file_clashes
 
     @property
     def override_lines(self) -> list[str]:
@@ -109,7 +118,8 @@ class DependencyDrift:
         return {"host": {"name": self.host[0], "version": self.host[1]},
                 "plugin": {"name": self.plugin[0], "version": self.plugin[1]},
                 "conflicts": [c.to_dict() for c in self.conflicts], "overrides": self.override_lines,
-                "pinned_read": list(self.pinned_read), "unread": dict(self.unread)}
+                "pinned_read": list(self.pinned_read), "unread": dict(self.unread),
+                "file_clashes": file_clashes_dict(self.file_clashes) if self.file_clashes is not None else None}
 
     def render_lines(self, indent: str = "  ") -> list[str]:
         """The check's and the doctor's lines."""
@@ -132,7 +142,51 @@ class DependencyDrift:
                              f"--override FILE` (pip: docs/dependency-drift.md)")
         for package, why in sorted(self.unread.items()):
             lines.append(f"{indent}  not read: {package} ({why})")
+        if self.file_clashes is not None:
+            lines += file_clash_lines(self.file_clashes, indent)
         return lines
+
+
+def file_clash_lines(owners, indent: str = "  ") -> list[str]:
+    """The doctor's lines for ``owners`` (``detect.file_owners.FileOwners``): each clash with whose bytes are on
+    disk and its ``known_clashes`` row (the override that removes it, or why it is harmless)."""
+    from .known_clashes import known_clash
+
+    read = f"RECORDs of {owners.distributions} distributions"
+    if not owners.clashes:
+        lines = [f"{indent}files: no two distributions install the same file ({read})"]
+    else:
+        lines = [f"{indent}files: {len(owners.clashes)} pair(s) of distributions install the same files; which "
+                 f"bytes are on disk depends on install order ({read})"]
+    for clash in owners.clashes:
+        row = known_clash(clash)
+        lines += [f"{indent}  {clash.describe()}", f"{indent}    {clash.on_disk_text()}"]
+        if row is None:
+            lines.append(f"{indent}    -> unknown clash: check the import that fails, or add a row to "
+                         f"vllm_compat/known_clashes.py")
+        elif row.override:
+            lines.append(f"{indent}    -> override: {row.override} ({row.reason})")
+        elif row.is_harmless_for(clash):
+            lines.append(f"{indent}    -> known, harmless: {row.reason}")
+        else:
+            lines.append(f"{indent}    -> known, NOT harmless here: {row.reason}")
+    for meta, why in sorted(owners.unread.items()):
+        lines.append(f"{indent}  files not read: {meta} ({why})")
+    return lines
+
+
+def file_clashes_dict(owners) -> dict:
+    """``owners.to_dict()`` with each clash's ``known`` row, ``harmless`` (here) and ``override``, and the
+    override lines of all (``overrides``)."""
+    from .known_clashes import known_clash
+
+    data = owners.to_dict()
+    for clash, entry in zip(owners.clashes, data["clashes"]):
+        row = known_clash(clash)
+        entry.update(known=row.to_dict() if row else None, override=row.override if row else None,
+                     harmless=bool(row and row.is_harmless_for(clash)))
+    data["overrides"] = [c["override"] for c in data["clashes"] if c["override"]]
+    return data
 
 
 # ------------------------------------------------------------------------------------------------ compute
@@ -282,7 +336,8 @@ def _proven(conflict: Conflict, tested: dict) -> Conflict:
 def installed_dependency_drift(host: str | None = None, plugin: str | None = None):
     """The doctor's drift for the installed pair (default: ``detect.wheels.PACKAGES``'s two, vLLM and vllm-omni),
     from installed METADATA only (no index): each conflict with the version installed here; the override named
-    only where a matrix cell tests it. None when either is absent."""
+    only where a matrix cell tests it. None when either is absent. It also carries, computed on first use, the
+    files two installed distributions both own (``detect.file_owners``, ``known_clashes``: ``file_clashes``)."""
     from .detect.requirements import installed_metadata, parse_metadata
     from .detect.wheels import PACKAGES
 
@@ -309,9 +364,11 @@ def installed_dependency_drift(host: str | None = None, plugin: str | None = Non
     conflicts = [replace(c, installed=installed_version(c.package),
                          note=None if c.override else "no matrix cell tests this pair's override")
                  for c in conflicts]
+    from .detect.file_owners import find_file_clashes
+
     return DependencyDrift(*pair, conflicts=conflicts,
                            pinned_read=tuple(f"{d.name} {d.version}" for _, d in sorted(pinned.items())),
-                           unread=unread)
+                           unread=unread, _file_clashes=find_file_clashes)
 
 
 def write_overrides(path, drift: DependencyDrift) -> int:
