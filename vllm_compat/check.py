@@ -211,9 +211,20 @@ def _where(item: CheckInput) -> str:
     return f"{location} ({ {'cache': 'cached', 'downloaded': 'downloaded now'}.get(item.source, item.source) })"
 
 
-def render(result: CheckResult) -> str:
-    """The one screen ``vllm-compat check`` prints."""
+def render(result: CheckResult, verbose: bool = False, width: int | None = None) -> str:
+    """The screen ``vllm-compat check`` prints: by default the short one (``reporting.render_summary``: the
+    versions, one line per entrypoint, what vllm_compat does, the overrides, the verdict; no line longer than
+    ``width``, 100 by default); with ``verbose`` every drift point, reason, missing name and wheel read."""
     from .detect.versions import TESTED_VLLM_RANGE, is_tested_vllm
+    from .reporting import SHORT_WIDTH, render_summary
+
+    if not verbose:
+        versions = result.report.static.versions
+        tested = {True: " (tested)", False: " (UNTESTED: outside {}-{})".format(*TESTED_VLLM_RANGE),
+                  None: ""}[is_tested_vllm(versions.get("vllm"))]
+        head = [f"vllm-compat check: vllm {versions.get('vllm') or '?'}{tested} + vllm-omni "
+                f"{versions.get('vllm-omni') or '?'} (read from the wheels, nothing installed)"]
+        return render_summary(result.report, head, result.dependencies, width or SHORT_WIDTH)
 
     report, versions = result.report, result.report.static.versions
     tested = {True: "tested", False: "UNTESTED (outside {}-{})".format(*TESTED_VLLM_RANGE),
@@ -275,7 +286,8 @@ def run_check(args) -> int:
 
         answer = gate(result.report, required)
     data = {**result.to_dict(), "require": answer.to_dict()} if answer is not None else None
-    print(json.dumps(data or result.to_dict(), indent=2) if args.json else render(result))
+    print(json.dumps(data or result.to_dict(), indent=2) if args.json
+          else render(result, verbose=getattr(args, "verbose", False), width=getattr(args, "width", None)))
     if answer is not None:
         print(answer.line("check"), file=sys.stderr)
     if getattr(args, "overrides", None):

@@ -21,14 +21,14 @@ def _doctor(args) -> int:
             result = report(runtime=True)
     else:
         result = report()
+    screen = result.render_table if args.verbose else lambda: result.render_short(args.width)
     if args.require is None:
-        print(json.dumps(result.to_dict(), indent=2) if args.json else result.render_table())
+        print(json.dumps(result.to_dict(), indent=2) if args.json else screen())
         return result.exit_code
     from .require import gate
 
     answer = gate(result, args.require)
-    print(json.dumps({**result.to_dict(), "require": answer.to_dict()}, indent=2) if args.json
-          else result.render_table())
+    print(json.dumps({**result.to_dict(), "require": answer.to_dict()}, indent=2) if args.json else screen())
     print(answer.line("doctor"), file=sys.stderr)
     return answer.exit_code
 
@@ -118,6 +118,17 @@ def _add_require(parser: argparse.ArgumentParser) -> None:
              "verdict says")
 
 
+def _add_screen(parser: argparse.ArgumentParser) -> None:
+    """``--verbose`` and ``--width`` of the doctor's and check's screen (``reporting.render_summary``)."""
+    from .reporting import SHORT_WIDTH
+
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="print the full report: every drift point with its action and reason, every missing "
+                             "name, the facts read (the default is a short screen)")
+    parser.add_argument("--width", metavar="N", type=int, default=SHORT_WIDTH,
+                        help=f"wrap the short screen at N columns (default {SHORT_WIDTH})")
+
+
 def _command(commands, name: str, handler, summary: str, printed: str) -> argparse.ArgumentParser:
     """A subcommand (``summary``: its help line) running ``handler(args)``, with ``--json`` (print the ``printed`` as
     JSON)."""
@@ -135,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--runtime", action="store_true",
                         help="import vLLM and vllm-omni, apply the shim and show the live result (slow)")
     _add_require(doctor)
+    _add_screen(doctor)
     scan = _command(commands, "scan", _scan, "static capability profile of wheels, trees or site-packages",
                     "profiles")
     scan.add_argument("paths", nargs="+", metavar="PATH")
@@ -152,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write the override lines that resolve the pair's dependency conflicts to FILE, for "
                             "`uv pip install vllm==X vllm-omni==Y --override FILE` (docs/dependency-drift.md)")
     _add_require(check)
+    _add_screen(check)
     plan = _command(commands, "plan", _plan, "how far can vllm-omni X follow vLLM? checks it on the newest patch of "
                     "every vLLM minor from its own to the newest on the index, one row each", "plan")
     plan.add_argument("spec", nargs="?", default=None, metavar="SPEC",

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from .detect.static import SiteFacts
 from .detect.versions import TESTED_VLLM_RANGE, is_tested_vllm
 
+SHORT_WIDTH = 100  # columns of the default doctor / check screen (``--width``); ``--verbose`` is not wrapped
+
 
 @dataclass
 class Report:
@@ -167,6 +169,19 @@ class Report:
             lines += ["", *self.dependency_drift.render_lines()]
         lines += ["", f"  verdict: {self.verdict().text}"]
         return "\n".join(lines)
+
+    def render_short(self, width: int = SHORT_WIDTH) -> str:
+        """Doctor's default screen (``render_summary``): the versions, one line per entrypoint, what vllm_compat
+        does, the overrides and the verdict; ``render_table`` (``--verbose``) has every drift point and reason."""
+        versions = self.environment.versions
+        tested = {True: " (tested)", False: " (UNTESTED: outside {}-{})".format(*TESTED_VLLM_RANGE),
+                  None: ""}[is_tested_vllm(versions.get("vllm"))]
+        how = "read from files, nothing imported" if self.mode == "static" else "imported and applied live"
+        head = [f"vllm-compat doctor ({self.mode}: {how})",
+                f"  vllm {versions.get('vllm') or 'not installed'}{tested}, "
+                f"vllm-omni {versions.get('vllm-omni') or 'not installed'}, "
+                f"torch {versions.get('torch') or 'not installed'}"]
+        return render_summary(self, head, self.dependency_drift, width)
 
     def verdict(self) -> Verdict:
         """The one verdict doctor and ``check`` print: will each way of starting vllm-omni start here, and why.
@@ -331,6 +346,199 @@ def render_entrypoints(drift, indent: str = "    ") -> list[str]:
                          f"does not run): " + "; ".join(f.describe() for f in used[:2])
                          + (f"; +{len(used) - 2} more (--json)" if len(used) > 2 else ""))
     return lines
+
+
+# ------------------------------------------------------------------------------------------- the short screen
+
+KIND_PLURALS = {"patch": "patches", "stand-in": "stand-ins", "alias": "aliases", "adapter": "adapters"}
+VERBOSE_HINT = "--verbose: every drift point, reason and missing name; --json: all of it as data"
+
+
+def render_summary(report: Report, head: list[str], dependencies, width: int = SHORT_WIDTH) -> str:
+    """The short screen doctor and check print by default (issue 34): ``head`` (the title and versions lines, the
+    caller's), then one line per entrypoint with its first reason and one line for what the started ones leave
+    out, what vllm_compat does here (acting drift points by kind, their ids; every refused and disabled one),
+    the dependency overrides with the install command, and the verdict, its first words and exit code those of
+    ``report.verdict()``. No line is longer than ``width``: long lists are wrapped, single reasons shortened with
+    "..."; about 15-25 lines for any pair. Everything left out here is in ``render_table`` and ``--json``."""
+    width = max(width, 40)
+    lines = [line for text in head for line in _wrap(text, width, "    ")]
+    drift = report.import_drift
+    if drift is not None and not drift.import_ok:
+        names = list(drift.still_blocking_names)
+        lines += ["", _fit(f"  `import {drift.plugin}`: WILL NOT IMPORT ({names[0]} missing"
+                           + (f", +{len(names) - 1} more" if len(names) > 1 else "") + ")", width)]
+    elif drift is not None and drift.statuses:
+        lines += ["", *_entrypoint_lines(drift, width)]
+    lines += ["", *_compat_lines(report.patches, width)]
+    if report.runtime_error:
+        lines.append(_fit(f"  runtime: {report.runtime_error}", width))
+    if report.mismatches:
+        lines.append(_fit(f"  MISMATCH static vs runtime ({len(report.mismatches)}): {report.mismatches[0]}", width))
+    if dependencies is not None:
+        lines += ["", *_dependency_lines(dependencies, width)]
+    verdict = report.verdict()
+    lines += ["", *_wrap(f"  verdict: {_short_verdict(report, verdict)}", width, "    "),
+              *_wrap(f"  ({VERBOSE_HINT})", width, "   ")]
+    return "\n".join(lines)
+
+
+def _fit(text: str, width: int) -> str:
+    """``text`` cut to ``width`` columns, ending in "..." where it was cut."""
+    return text if len(text) <= width else text[:width - 3].rstrip() + "..."
+
+
+def _wrap(text: str, width: int, indent: str) -> list[str]:
+    """``text`` wrapped at ``width``, continuation lines under ``indent``; words are never split (long module
+    paths break at their own spaces only), and a word longer than a line is cut."""
+    import textwrap
+
+    return [_fit(line, width) for line in textwrap.wrap(text, width, subsequent_indent=indent,
+                                                         break_long_words=False, break_on_hyphens=False)]
+
+
+def _first(items, more: str = " more") -> str:
+    """"a" or "a, +N more"."""
+    items = list(items)
+    return items[0] + (f", +{len(items) - 1}{more}" if len(items) > 1 else "")
+
+
+def _first_reason(status) -> str:
+    """What stops or fails one entrypoint, its first item: a package not installed here, a vLLM name no bridge
+    provides, a behavioural drift nothing handles."""
+    if status.status == "will_not_start":
+        if status.not_installed:
+            return f"{_first(status.not_installed)} not installed here"
+        if status.missing_in_vllm:
+            return f"{_first(status.missing_in_vllm)} missing"
+        if status.stopping_drift:
+            return _first([f.detail for f in status.stopping_drift])
+        return ""
+    if status.status == "fails_on_request":
+        failing = [f for f in status.drift if f.effect(status.id) == "request"]
+        return f"{', '.join(status.endpoints_failing)}: {_first([f.detail for f in failing])}"
+    return ""
+
+
+def _entrypoint_lines(drift, width: int) -> list[str]:
+    """One line per entrypoint, then one for the features the started ones leave out (the first, and a count)."""
+    label_width = max(len(st.label) for st in drift.statuses)
+    lines = []
+    for st in drift.statuses:
+        line, reason = f"  {st.label:<{label_width}}  {ENTRYPOINT_STATUS_TEXT[st.status]}", _first_reason(st)
+        if reason and len(line) + 2 + len(reason) <= width:
+            lines.append(f"{line}: {reason}")
+        else:  # the reason on its own line, shortened to one
+            lines += [_fit(line, width)] + ([_fit(f"    {reason}", width)] if reason else [])
+    features = list(_by_text(item for st in drift.statuses if st.starts for item in st.left_out))
+    if features:
+        more = f", +{len(features) - 1} more (--verbose)" if len(features) > 1 else " (--verbose)"
+        first = features[0].split(" (", 1)[0]
+        lines.append(f"  left out: {_fit(first, width - len('  left out: ') - len(more))}{more}")
+    return lines
+
+
+def _compat_lines(patches, width: int) -> list[str]:
+    """What vllm_compat does here: the acting drift points (counts by catalogue kind, then their ids, wrapped);
+    pending ones counted; every refused one on a line with its reason; the disabled ones on one line."""
+    from .catalogue import entry
+
+    def kind(decision) -> str:
+        try:
+            return entry(decision.name).kind
+        except KeyError:
+            return "patch"
+
+    acting = [d for d in patches if d.action == "patched"]
+    by_kind: dict[str, int] = dict.fromkeys(KIND_PLURALS, 0)
+    for d in acting:
+        by_kind[kind(d)] = by_kind.get(kind(d), 0) + 1
+    pending = sum(d.action == "pending" for d in patches)
+    tail = f"; {pending} pending (target not installed)" if pending else ""
+    if acting:
+        kinds = ", ".join(f"{n} {KIND_PLURALS.get(k, k + 's') if n > 1 else k}" for k, n in by_kind.items() if n)
+        text = (f"  vllm_compat acts on {len(acting)} of {len(patches)} drift points ({kinds}){tail}: "
+                + ", ".join(d.name for d in acting))
+    else:
+        text = f"  vllm_compat: no drift point acts here ({len(patches)} checked){tail}"
+    lines = _wrap(text, width, "    ")
+    refused = [d for d in patches if d.action == "refused"]
+    for d in refused[:3]:
+        lines.append(_fit(f"  refused: {d.name} ({d.reason})", width))
+    if len(refused) > 3:
+        lines.append(f"  refused: +{len(refused) - 3} more (--verbose)")
+    disabled = [d for d in patches if d.action == "disabled"]
+    if disabled and len(disabled) == len(patches):
+        lines.append(f"  disabled: all {len(disabled)} drift points (VLLM_COMPAT_DISABLE)")
+    elif disabled:
+        suffix = " (VLLM_COMPAT_DISABLE_PATCHES)"
+        lines.append(_fit("  disabled: " + ", ".join(d.name for d in disabled), width - len(suffix)) + suffix)
+    return lines
+
+
+def _dependency_lines(dependencies, width: int) -> list[str]:
+    """The conflicts' overrides (tested or not) and the install command; "no conflict" when there is none."""
+    if dependencies.ok:
+        lines = ["  dependencies: no conflict"]
+    else:
+        items = []
+        for c in dependencies.conflicts:
+            item = (f"{c.override} ({'tested' if c.proven_by else 'untested'})" if c.override
+                    else f"{c.package} (no override named, --verbose)")
+            items.append(item + (f" [installed: {c.installed}]" if c.installed else ""))
+        count = len(dependencies.conflicts)
+        lines = _wrap(f"  dependencies: {count} conflict{'s' if count > 1 else ''} a resolver will hit; "
+                      f"override{'s' if len(items) > 1 else ''}: {'; '.join(items)}", width, "    ")
+        if dependencies.override_lines and not any(c.installed for c in dependencies.conflicts):
+            (host, host_version), (plugin, plugin_version) = dependencies.host, dependencies.plugin
+            pair = f"{host}=={host_version} {plugin}=={plugin_version}"
+            lines += [_fit(f"    install: uv pip install {pair} --override overrides.txt", width),
+                      _fit(f"      (overrides.txt: vllm-compat check {pair} --overrides overrides.txt)", width)]
+    if dependencies.unread:
+        lines.append(_fit(f"    not read: {_first(sorted(dependencies.unread))} (--verbose)", width))
+    return lines
+
+
+def _short_verdict(report: Report, verdict: Verdict) -> str:
+    """``verdict.text`` in a sentence or two: the same first words (up to its first ":"), then the entrypoints
+    by name and counts instead of every missing name and drift point."""
+    drift = report.import_drift
+    statuses = drift.statuses if drift is not None else ()
+    started = [st for st in statuses if st.starts]
+    stopped = [st for st in statuses if st.status == "will_not_start"]
+    failing = [st for st in statuses if st.status == "fails_on_request"]
+    acting = sum(d.action == "patched" for d in report.patches)
+    handles = f"it handles {acting} drift point{'s' if acting != 1 else ''}" if acting else ""
+    left_out = " Some features are left out (above)." if any(st.left_out for st in started) else ""
+
+    def start(sts) -> str:
+        return _sentence(_join(st.label for st in sts)) + (" start" if len(sts) > 1 else " starts")
+
+    if verdict.kind == "will_not_start" and drift is not None and not drift.import_ok:
+        return ("WILL NOT START: vllm-omni will not import on this vLLM and vllm_compat has no bridge for it; "
+                "nothing of it can run here.")
+    if verdict.kind == "will_not_start":
+        text = "WILL NOT START: " + _join(st.label for st in stopped) + "."
+        if started:
+            helped = any(st.status == "works_with_vllm_compat" for st in started) or acting
+            text += f" {start(started)}" + (" with vllm_compat" if helped else "") + "."
+        return text
+    if verdict.kind == "fails_on_request":
+        return ("FAILS ON REQUEST: " + "; ".join(f"{st.label} starts, but every {', '.join(st.endpoints_failing)} "
+                                                 "request fails" for st in failing)
+                + " and vllm_compat has nothing that handles it.")
+    if verdict.kind == "refused":
+        return ("ATTENTION: a target has a shape vllm_compat does not recognize and stays unpatched (refused, "
+                "above); it may fail where the patch would have helped.")
+    if verdict.kind in ("works_with_vllm_compat", "works_natively") and started:
+        head = verdict.text.split(":", 1)[0]
+        every = "every entrypoint starts" if len(started) == len(statuses) else start(started)
+        if verdict.kind == "works_natively":
+            return f"{head}: {every}; nothing needs patching.{left_out}"
+        return f"{head}: {every}" + (f"; {handles}" if handles else "") + f".{left_out}"
+    if verdict.kind == "works_with_vllm_compat":
+        return f"WORKS WITH vllm_compat: {handles}."
+    return verdict.text
 
 
 def build_report(runtime: bool = False) -> Report:

@@ -30,9 +30,10 @@ import ast
 import dataclasses
 import re
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
-from ..entrypoints import called, entrypoints_of
-from .code_model import CodeModel, Definition, bound_params, dotted, signature
+from ..entrypoints import called, endpoint_of, entrypoints_of
+from .code_model import CodeModel, Definition, bound_params, dotted, signature, statements
 from .import_graph import plugin_graph
 from .model import render_params, why_call_fails, why_override_narrows
 from .source_tree import SourceTree
@@ -79,8 +80,6 @@ class Finding:
 
     def endpoint(self) -> str | None:
         """The request endpoint vLLM serves through the module that calls or reads (``via``)."""
-        from ..entrypoints import endpoint_of
-
         return endpoint_of(self.via) if self.via and self.kind in ("override", "attribute") else None
 
     @property
@@ -94,8 +93,6 @@ class Finding:
     def matches(self, kind: str, vllm_object: str = "*", plugin_object: str = "*", name: str = "*") -> bool:
         """Whether this finding is of ``kind`` and its vLLM object, vllm-omni object and one of its names match the
         glob patterns (what a drift point says it handles: ``DriftPoint.handles_drift``)."""
-        from fnmatch import fnmatchcase
-
         return kind == self.kind and fnmatchcase(self.vllm_object, vllm_object) \
             and fnmatchcase(self.plugin_object, plugin_object) and any(fnmatchcase(n, name) for n in self.names or ("",))
 
@@ -120,9 +117,6 @@ class BehaviourDrift:
     undecidable: int
     baseline: str | None
     baseline_note: str = ""
-
-    def for_entrypoint(self, entrypoint_id: str) -> tuple[Finding, ...]:
-        return tuple(f for f in self.findings if entrypoint_id in f.entrypoints)
 
     def to_dict(self) -> dict:
         return {"baseline": self.baseline, "baseline_note": self.baseline_note, "checked": self.checked,
@@ -170,8 +164,9 @@ class _Scan:
         self.checked = self.undecidable = 0
         # plugin function -> {the plugin functions / classes it calls: the condition of the call ("" none)}
         self.calls: dict[str, dict[str, str]] = {}
-        self.held: dict[str, dict[str, Definition]] = {}
-        self.classes: list[Definition] = []  # the plugin's top-level classes in the modules read  # plugin class -> {self attribute: plugin class}
+        self.held: dict[str, dict[str, Definition]] = {}  # plugin class -> {self attribute: plugin class}
+        self.classes: list[Definition] = []  # the plugin's top-level classes in the modules read
+        self.owners: dict = {}  # (vLLM module, class) -> (plugin subclasses, self-callers, methods decided)
 
     def run(self) -> list[Finding]:
         classes = []
@@ -237,7 +232,7 @@ class _Scan:
             for candidate in reversed(self.model.mro(cls)):
                 if not isinstance(candidate, Definition) or candidate.side != "plugin":
                     continue
-                for node in ast.walk(candidate.node):
+                for node in statements(candidate.node.body):
                     if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                         written = dotted(node.value.func)
                         built = self.model.resolve_expr(candidate.module, written) if written else None
@@ -420,27 +415,31 @@ class _Scan:
         """Whether vLLM's ``module.owner.method`` never runs for vllm-omni's objects: a vllm-omni class deriving
         ``owner`` defines ``method`` itself, or every ``self.method()`` call of ``owner`` sits in methods that never
         run (a helper of an overridden method). A method nothing of ``owner`` calls runs (vLLM calls it)."""
-        path = f"{module}.{owner}"
-        subclasses = [c for c in self.classes
-                      if any(isinstance(b, Definition) and b.path == path for b in self.model.mro(c)[1:])]
-        if not subclasses:
-            return False
-        cls_node = next((n for n in parsed.body if isinstance(n, ast.ClassDef) and n.name == owner), None)
-        callers: dict[str, set[str]] = {}  # method -> the methods of owner that call it through self
-        for item in (cls_node.body if cls_node is not None else ()):
-            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for node in ast.walk(item):
-                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                            and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
-                        callers.setdefault(node.func.attr, set()).add(item.name)
+        key = (module, owner)
+        if key not in self.owners:
+            path = f"{module}.{owner}"
+            subclasses = [c for c in self.classes
+                          if any(isinstance(b, Definition) and b.path == path for b in self.model.mro(c)[1:])]
+            callers: dict[str, set[str]] = {}  # method -> the methods of owner that call it through self
+            cls_node = next((n for n in parsed.body if isinstance(n, ast.ClassDef) and n.name == owner), None)
+            for item in (cls_node.body if cls_node is not None and subclasses else ()):
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    for node in ast.walk(item):
+                        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                                and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
+                            callers.setdefault(node.func.attr, set()).add(item.name)
+            self.owners[key] = (subclasses, callers, {})
+        subclasses, callers, known = self.owners[key]
 
         def skipped(name: str, seen: frozenset) -> bool:
-            if any((found := self.model.member(c, name)) is not None and found.side == "plugin" for c in subclasses):
-                return True
-            calling = callers.get(name, set()) - seen
-            return bool(calling) and all(skipped(c, seen | {name}) for c in calling)
+            if name not in known:
+                overridden = any((found := self.model.member(c, name)) is not None and found.side == "plugin"
+                                 for c in subclasses)
+                calling = callers.get(name, set()) - seen
+                known[name] = overridden or (bool(calling) and all(skipped(c, seen | {name}) for c in calling))
+            return known[name]
 
-        return skipped(method, frozenset())
+        return bool(subclasses) and skipped(method, frozenset())
 
     def _classes_in(self, module: str, annotation, side: str) -> list[Definition]:
         """The classes of ``side`` an annotation names (string forward references read too)."""

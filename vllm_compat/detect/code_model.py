@@ -48,6 +48,19 @@ def parsed(tree: SourceTree, relpath: str) -> ast.Module | None:
     return _PARSED[key]
 
 
+def statements(body):
+    """Every statement under ``body``, nested blocks and definitions included, expressions not entered (an
+    import, an assignment is a statement: reading them needs no walk of every expression node)."""
+    todo = list(reversed(body))
+    while todo:
+        node = todo.pop()
+        yield node
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            block = getattr(node, name, None)
+            if isinstance(block, list):
+                todo.extend(reversed(block))
+
+
 def dotted(node: ast.AST) -> str | None:
     """``a.b.c`` for a Name / Attribute chain (a call's function, a base, a decorator); None otherwise."""
     parts = []
@@ -184,7 +197,7 @@ class CodeModel:
 
     def _bind_functions(self, body, package: str, found: dict) -> None:
         """Imports inside a function body (vllm-omni imports heavy vLLM names where it uses them)."""
-        for node in ast.walk(ast.Module(body=body, type_ignores=[])):
+        for node in statements(body):
             if isinstance(node, ast.ImportFrom):
                 source = absolute_module(node, package)
                 for alias in node.names:
@@ -293,10 +306,14 @@ class CodeModel:
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 names.add(node.target.id)
         for method in self.methods(cls).values():
-            for node in ast.walk(method):
-                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
-                        and isinstance(node.value, ast.Name) and node.value.id == "self":
-                    names.add(node.attr)
+            for node in statements(method.body):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                    node, (ast.AnnAssign, ast.AugAssign)) else []
+                for target in targets:
+                    for item in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                        if isinstance(item, ast.Attribute) and isinstance(item.value, ast.Name) \
+                                and item.value.id == "self":
+                            names.add(item.attr)
         return names
 
     def member(self, cls: Definition, name: str, after: Definition | None = None) -> Definition | None:
