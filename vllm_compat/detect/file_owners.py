@@ -249,7 +249,7 @@ def find_file_clashes(sites: list[str] | None = None) -> FileOwners:
             dists.append(_distribution(meta))
             site_of[meta] = site
             for path in _record_paths(text):  # the hot loop: ~60k paths in a cell env
-                if not path or "__pycache__/" in path or ".dist-info/" in path:
+                if not path or path[-4:] == ".pyc" or "__pycache__/" in path or ".dist-info/" in path:
                     continue
                 if path[:1] in (".", "/"):
                     key = os.path.normpath(os.path.join(site, path))
