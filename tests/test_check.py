@@ -135,7 +135,7 @@ def test_screen_and_json_for_vllm_031_with_vllm_omni_024(capsys, wheel_cache, mo
     # RoutedExpertsLists stops `import vllm_omni` and vllm.inputs.preprocess the diffusion worker unless a bridge
     # provides them; with the input_preprocessor bridge off, the worker does not start.
     monkeypatch.setenv("VLLM_COMPAT_DISABLE_PATCHES", "input_preprocessor")
-    assert main(["check", "vllm==0.31.0", "vllm-omni==0.24.0"]) == 1
+    assert main(["check", "--verbose", "vllm==0.31.0", "vllm-omni==0.24.0"]) == 1
     screen = capsys.readouterr().out
     assert "level: meta_device_with_finalize" in screen and "loader: legacy" in screen
     assert "verdict: WILL NOT START: " in screen and "(cached)" in screen
@@ -143,7 +143,7 @@ def test_screen_and_json_for_vllm_031_with_vllm_omni_024(capsys, wheel_cache, mo
     assert "the diffusion stage (vllm.inputs.preprocess missing" in screen.partition("verdict: ")[2]  # named as stopped
     assert "still stops it: vllm.inputs.preprocess (in vllm_omni.inputs.preprocess:5)" in screen
     monkeypatch.delenv("VLLM_COMPAT_DISABLE_PATCHES")
-    code = main(["check", "vllm==0.31.0", "vllm-omni==0.24.0"])
+    code = main(["check", "--verbose", "vllm==0.31.0", "vllm-omni==0.24.0"])
     screen = capsys.readouterr().out
     assert "still stops it: vllm.inputs.preprocess" not in screen
     code, data = _check(capsys, "vllm==0.31", "vllm_omni==0.24.0")  # "0.31" == "0.31.0", as pip's "==" says

@@ -29,7 +29,7 @@ def test_doctor_json_stdout_is_only_the_json(mode):
 def test_doctor_table_lists_every_catalogue_entry():
     from vllm_compat.catalogue import CATALOGUE
 
-    result = subprocess.run([sys.executable, "-m", "vllm_compat", "doctor"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "vllm_compat", "doctor", "--verbose"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode in (0, 1), result.stderr[-2000:]
     for entry in CATALOGUE:

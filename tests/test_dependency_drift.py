@@ -253,7 +253,7 @@ def test_check_names_the_conflict_and_writes_the_override_file(capsys, cache, tm
     assert conflict["override"] == "huggingface-hub==2.4.0" and conflict["proven_by"] == list(HUB_CELLS)
     lines = [line for line in target.read_text().splitlines() if line and not line.startswith("#")]
     assert lines == ["huggingface-hub==2.4.0"]
-    main(["check", "vllm==0.34.0", "vllm-omni==0.24.0"])
+    main(["check", "--verbose", "vllm==0.34.0", "vllm-omni==0.24.0"])
     screen = capsys.readouterr().out
     assert screen.count("  dependencies: ") == 1 and screen.index("dependencies: ") < screen.index("verdict: ")
     assert ("huggingface-hub: vllm 0.34.0 needs >=2.0.0; diffusers 0.38.0 (pinned by vllm-omni 0.24.0) needs "

@@ -492,8 +492,9 @@ def _dependency_lines(dependencies, width: int) -> list[str]:
         if dependencies.override_lines and not any(c.installed for c in dependencies.conflicts):
             (host, host_version), (plugin, plugin_version) = dependencies.host, dependencies.plugin
             pair = f"{host}=={host_version} {plugin}=={plugin_version}"
-            lines += [_fit(f"    install: uv pip install {pair} --override overrides.txt", width),
-                      _fit(f"      (overrides.txt: vllm-compat check {pair} --overrides overrides.txt)", width)]
+            lines += [*_wrap(f"    install: uv pip install {pair} --override overrides.txt", width, "      "),
+                      *_wrap(f"      (overrides.txt: vllm-compat check {pair} --overrides overrides.txt)", width,
+                             "       ")]
     if dependencies.unread:
         lines.append(_fit(f"    not read: {_first(sorted(dependencies.unread))} (--verbose)", width))
     return lines

@@ -35,7 +35,7 @@ def doctor(*args):
     return code, text[start:] if start >= 0 else text
 
 out = {}
-out["static_code"], out["static_table"] = doctor()
+out["static_code"], out["static_table"] = doctor("--verbose")
 code, text = doctor("--json")
 out["static"] = json.loads(text)
 out["apply"] = [d.action for d in vllm_compat.apply() if d.name == "diffusers_loader_meta_device"]

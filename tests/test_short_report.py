@@ -1,0 +1,209 @@
+"""The short screen of ``vllm-compat check`` and ``doctor`` (issue 34, parts 1 and 4): at most 25 lines and 100
+columns for every pair of matrix/vllm.toml, the verdict's first words and the exit code of ``--json``;
+``--verbose`` is the full report (every drift point with its reason, the verdict word for word).
+
+The sweep reads every vLLM wheel of the matrix (0.24-0.34): it runs where tests/test_check.py's sweep does (outside
+nox, or in the first default nox cell). The doctor cases run on small vllm-omni-shaped trees, as
+tests/test_require.py builds them, with a refused and a disabled drift point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import vllm_compat
+from tests.support.wheels import wheel_or_skip
+from vllm_compat.cli import main
+from vllm_compat.decide import Decision
+from vllm_compat.detect.import_drift import check_import_drift
+from vllm_compat.detect.source_tree import SourceTree
+from vllm_compat.detect.static import detect_static
+from vllm_compat.reporting import Report
+
+tomllib = pytest.importorskip("tomllib", reason="reading matrix/vllm.toml needs Python >= 3.11 (tomllib)")
+
+ROOT = Path(__file__).resolve().parent.parent
+CELLS = tomllib.loads((ROOT / "matrix" / "vllm.toml").read_text())["cell"]
+SWEEP_CELL = next(c["id"] for c in CELLS if c.get("default"))
+PAIRS = sorted({(c["vllm"], c["vllm_omni"]) for c in CELLS if c.get("vllm_omni")},
+               key=lambda pair: [tuple(map(int, v.split("."))) for v in pair])
+sweep_here = pytest.mark.skipif(
+    os.environ.get("VLLM_COMPAT_CELL") not in (None, SWEEP_CELL),
+    reason=f"reads every vLLM wheel of the matrix: it runs in nox cell {SWEEP_CELL} only, as test_check's sweep",
+)
+MAX_LINES, MAX_COLUMNS = 25, 100
+STATUS_TEXT = {"works": "starts natively", "works_with_vllm_compat": "starts with vllm_compat",
+               "will_not_start": "WILL NOT START", "fails_on_request": "starts, FAILS ON REQUEST",
+               "absent": "not in this vllm-omni release"}
+
+
+def _run(capsys, *args) -> tuple[int, str]:
+    code = main(list(args))
+    return code, capsys.readouterr().out
+
+
+def _first_words(verdict_text: str) -> str:
+    """"WORKS WITH vllm_compat", "WILL NOT START", ...: the verdict up to its first colon."""
+    return verdict_text.split(":", 1)[0]
+
+
+def _assert_fits(screen: str, width: int = MAX_COLUMNS) -> list[str]:
+    """The screen's lines, after checking none is wider than ``width`` and, at the default width, that there are
+    at most 25 (a narrower screen wraps onto more)."""
+    lines = screen.rstrip("\n").splitlines()
+    assert width < MAX_COLUMNS or len(lines) <= MAX_LINES, f"{len(lines)} lines:\n{screen}"
+    too_wide = [line for line in lines if len(line) > width]
+    assert not too_wide, f"wider than {width} columns: {too_wide}"
+    return lines
+
+
+@sweep_here
+@pytest.mark.parametrize("pair", PAIRS, ids=[f"v{v}-omni{o}" for v, o in PAIRS])
+def test_every_matrix_pair_fits_one_screen_with_the_same_verdict(capsys, pair):
+    vllm, omni = pair
+    wheel_or_skip("vllm", vllm)
+    wheel_or_skip("vllm-omni", omni)
+    spec = (f"vllm=={vllm}", f"vllm-omni=={omni}")
+    json_code, out = _run(capsys, "check", "--json", *spec)
+    data = json.loads(out)
+    code, screen = _run(capsys, "check", *spec)
+    lines = _assert_fits(screen)
+    assert code == json_code == data["exit_code"]
+    (verdict,) = [line for line in lines if line.startswith("  verdict: ")]
+    assert verdict.startswith(f"  verdict: {_first_words(data['verdict']['text'])}:")
+    # one line per entrypoint, with its status as --json says it
+    entrypoints = data["import_drift"]["entrypoints"] if data["import_drift"]["import_ok"] else {}
+    for status in entrypoints.values():
+        (line,) = [line for line in lines if line.startswith(f"  {status['label']}  ")]
+        assert STATUS_TEXT[status["status"]] in line, line
+    if not data["import_drift"]["import_ok"]:
+        assert any("WILL NOT IMPORT" in line for line in lines)
+    # every drift point that acts is named, and the override lines with the install command
+    acting = [p["name"] for p in data["patches"] if p["action"] == "patched"]
+    assert all(name in screen for name in acting)
+    assert f"acts on {len(acting)} of {len(data['patches'])}" in screen or not acting
+    for override in data["dependency_drift"]["overrides"]:
+        assert override in screen and f"uv pip install {spec[0]} {spec[1]} --override" in screen
+    # --verbose: the full report, every reason and the verdict word for word; same exit code
+    verbose_code, full = _run(capsys, "check", "--verbose", *spec)
+    assert verbose_code == code
+    assert f"  verdict: {data['verdict']['text']}" in full
+    assert all(p["reason"] in full for p in data["patches"])
+
+
+def test_the_numbers_the_issue_quotes(capsys):
+    """vLLM 0.34.0 + vllm-omni 0.24.0 (every entrypoint starts with 26 drift points acting, LLM / AR stages left
+    out, one override): the short screen has what a user acts on and none of the long lines."""
+    wheel_or_skip("vllm", "0.34.0")
+    wheel_or_skip("vllm-omni", "0.24.0")
+    code, screen = _run(capsys, "check", "vllm==0.34.0", "vllm-omni==0.24.0")
+    lines = _assert_fits(screen)
+    assert code == 0 and 15 <= len(lines)
+    assert "  left out: vllm-omni's LLM / AR stages, +2 more (--verbose)" in lines
+    assert "huggingface-hub==2.4.0 (tested)" in screen
+    assert "    install: uv pip install vllm==0.34.0 vllm-omni==0.24.0 --override overrides.txt" in lines
+    assert "drift point  " not in screen and "still stops it" not in screen  # the verbose table's
+    code, narrow = _run(capsys, "check", "--width", "72", "vllm==0.34.0", "vllm-omni==0.24.0")
+    assert code == 0
+    _assert_fits(narrow, 72)
+
+
+def test_an_entrypoint_that_will_not_start_names_its_first_reason(capsys, monkeypatch):
+    """vLLM 0.31.0 + vllm-omni 0.24.0 with the input_preprocessor bridge off (docs/cli.md): each entrypoint WILL
+    NOT START for vllm.inputs.preprocess, and the disabled drift point is on its own line."""
+    wheel_or_skip("vllm", "0.31.0")
+    wheel_or_skip("vllm-omni", "0.24.0")
+    monkeypatch.setenv("VLLM_COMPAT_DISABLE_PATCHES", "input_preprocessor")
+    code, screen = _run(capsys, "check", "vllm==0.31.0", "vllm-omni==0.24.0")
+    lines = _assert_fits(screen)
+    assert code == 1
+    assert "  the diffusion stage                 WILL NOT START: vllm.inputs.preprocess missing" in lines
+    assert "  disabled: input_preprocessor (VLLM_COMPAT_DISABLE_PATCHES)" in lines
+    assert any(line.startswith("  verdict: WILL NOT START: ") for line in lines)
+
+
+# ------------------------------------------------------------------------------------ doctor, small trees
+
+HOST = {"vllm/__init__.py": "", "vllm/v1/__init__.py": "", "vllm/v1/gone.py": "Kept = 1\n"}
+OMNI = {
+    "vllm_omni/__init__.py": "from vllm.v1.gone import Kept\n",
+    "vllm_omni/entrypoints/__init__.py": "",
+    "vllm_omni/entrypoints/omni.py": "from vllm.v1.gone import Kept\n",
+    "vllm_omni/entrypoints/async_omni.py": "from .omni import Kept\n",
+    "vllm_omni/entrypoints/cli/__init__.py": "",
+    "vllm_omni/entrypoints/cli/main.py": "from vllm_omni.entrypoints.openai import api_server\n",
+    "vllm_omni/entrypoints/openai/__init__.py": "",
+    "vllm_omni/entrypoints/openai/api_server.py": "from vllm.v1.gone import Gone\n",  # the server stops
+    "vllm_omni/diffusion/__init__.py": "",
+    "vllm_omni/diffusion/stage_diffusion_proc.py": "from vllm_omni.diffusion.diffusion_engine import Engine\n",
+    "vllm_omni/diffusion/diffusion_engine.py": "Engine = 1\n",
+    "vllm_omni/diffusion/worker/__init__.py": "",
+    "vllm_omni/diffusion/worker/diffusion_worker.py": "from vllm.v1.gone import Kept\n",
+}
+LOADER = "vllm_omni.diffusion.model_loader.diffusers_loader.DiffusersPipelineLoader._process_weights_after_loading"
+REFUSED = Decision("diffusers_loader_meta_device", LOADER, "refused", None,
+                   "vllm-omni's _process_weights_after_loading has a shape vllm_compat does not recognize "
+                   "(expected a blanket module.to(), found something else); set VLLM_COMPAT_LOADER_VARIANT to "
+                   "force a variant " + "and more words " * 10)
+DISABLED = Decision("hsdp_load_order", "DiffusersPipelineLoader.load_model", "disabled", None,
+                    "hsdp_load_order is listed in VLLM_COMPAT_DISABLE_PATCHES")
+
+
+def _tree(root: Path, files: dict[str, str]) -> SourceTree:
+    for relpath, text in files.items():
+        path = root / relpath
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return SourceTree(root)
+
+
+def _doctor_report(tmp_path, omni_files=OMNI, patches=()) -> Report:
+    drift = check_import_drift(_tree(tmp_path / "omni", omni_files), _tree(tmp_path / "host", HOST))
+    return Report(mode="static", static=detect_static(), patches=list(patches), _import_drift=drift,
+                  startup_hook=True, judge_packages=False)
+
+
+@pytest.fixture
+def doctor(monkeypatch, capsys):
+    """``vllm-compat doctor ARGS`` on a given report: (exit code, stdout)."""
+    def run(report, *args):
+        monkeypatch.setattr(vllm_compat, "report", lambda runtime=False: report)
+        return _run(capsys, "doctor", *args)
+    return run
+
+
+def test_doctor_short_screen_names_refused_and_disabled_drift_points(tmp_path, doctor):
+    report = _doctor_report(tmp_path, patches=[REFUSED, DISABLED])
+    code, screen = doctor(report)
+    lines = _assert_fits(screen)
+    json_code, out = doctor(report, "--json")
+    data = json.loads(out)
+    assert code == json_code == data["exit_code"] == 1
+    assert lines[0] == "vllm-compat doctor (static: read from files, nothing imported)"
+    refused = [line for line in lines if line.startswith("  refused: diffusers_loader_meta_device (vllm-omni's ")]
+    assert len(refused) == 1 and refused[0].endswith("...") and len(refused[0]) == MAX_COLUMNS
+    assert "  disabled: hsdp_load_order (VLLM_COMPAT_DISABLE_PATCHES)" in lines
+    assert any(line.startswith("  `vllm serve --omni`") and "WILL NOT START: vllm.v1.gone.Gone missing" in line
+               for line in lines)
+    (verdict,) = [line for line in lines if line.startswith("  verdict: ")]
+    assert verdict.startswith(f"  verdict: {_first_words(data['verdict']['text'])}:")
+    code, full = doctor(report, "--verbose")
+    assert code == 1 and full == report.render_table() + "\n" and REFUSED.reason in full
+    code, narrow = doctor(report, "--width", "60")
+    _assert_fits(narrow, 60)
+
+
+def test_doctor_short_screen_on_a_pair_that_works(tmp_path, doctor):
+    omni = {**OMNI, "vllm_omni/entrypoints/openai/api_server.py": "from vllm.v1.gone import Kept\n"}
+    report = _doctor_report(tmp_path, omni)
+    code, screen = doctor(report)
+    lines = _assert_fits(screen)
+    assert code == 0 and report.verdict().kind == "works_natively"
+    assert sum(line.endswith("  starts natively") for line in lines) == 3
+    assert any(line.startswith("  verdict: WORKS NATIVELY: ") for line in lines)
+    assert "refused" not in screen and "disabled" not in screen
