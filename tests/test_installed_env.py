@@ -15,7 +15,10 @@ v0.30-omni0.30 and v0.33-omni0.30 (with different builds of cv2 on disk in the t
 
 from __future__ import annotations
 
+import csv
+import os
 import sys
+from collections import defaultdict
 
 from vllm_compat.dependency_drift import file_clash_lines
 from vllm_compat.detect.file_owners import find_file_clashes, site_dirs
@@ -36,3 +39,42 @@ def test_no_two_distributions_own_one_file():
     assert not bad, ("distributions in this env install the same files; which bytes are on disk depends on "
                      "install order. Pin the override the row names, or reinstall, or add a row with the reason "
                      "it is harmless to vllm_compat/known_clashes.py:\n" + "\n".join(file_clash_lines(owners)))
+
+
+def _reference_pairs(sites) -> dict:
+    """{(name-version, name-version): shared file count}, re-derived the plain way (csv, os.path.normpath on every
+    path, the same rules: no .pyc, no __pycache__, no dist-info file): the oracle for the finder's fast path."""
+    owners = defaultdict(set)
+    for site in sites:
+        for name in os.listdir(site):
+            record = os.path.join(site, name, "RECORD")
+            if not name.endswith(".dist-info") or not os.path.isfile(record):
+                continue
+            with open(record, newline="", encoding="utf-8", errors="replace") as handle:
+                for row in csv.reader(handle):
+                    path = row[0] if row else ""
+                    if not path or path.endswith(".pyc") or "__pycache__" in path.split("/") or any(
+                            part.endswith(".dist-info") for part in path.split("/")[:-1]):
+                        continue
+                    owners[os.path.normpath(os.path.join(site, path))].add(name[: -len(".dist-info")])
+    pairs = defaultdict(int)
+    for names in owners.values():
+        ordered = sorted(names)
+        for i, a in enumerate(ordered):
+            for b in ordered[i + 1:]:
+                pairs[a, b] += 1
+    return dict(pairs)
+
+
+def test_the_finder_agrees_with_a_plain_reading_of_the_records():
+    """A clash-free env passes the test above whatever the finder returns: here its pairs and counts are checked
+    against the plain csv reading of the same RECORDs."""
+    import re
+
+    def stem(dist):  # the dist-info's name as the reference keys it
+        return os.path.basename(dist.dist_info)[: -len(".dist-info")]
+
+    owners = find_file_clashes()
+    found = {tuple(sorted((stem(c.first), stem(c.second)))): c.count for c in owners.clashes}
+    assert found == _reference_pairs(site_dirs())
+    assert all(re.fullmatch(r"[a-z0-9-]+", c.first.name) and c.first.version != "?" for c in owners.clashes)
