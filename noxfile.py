@@ -53,10 +53,12 @@ def _torch(cell: dict) -> str:
 
 def _override_args(session: nox.Session, cell: dict) -> list[str]:
     """uv's --override file: the CPU torch (unless VLLM_COMPAT_TORCH=pinned) and the cell's own ``overrides``
-    (resolver conflicts between a vLLM and a vllm-omni) and ``index_overrides`` (what this machine's index lacks),
+    (resolver conflicts between a vLLM and a vllm-omni), ``breakage_overrides`` (resolver-made breakage: two
+    distributions owning one file) and ``index_overrides`` (what this machine's index lacks),
     each with its reason in matrix/vllm.toml."""
     torch = _torch(cell)
-    lines = list(cell.get("overrides", [])) + [o["line"] for o in cell.get("index_overrides", [])]
+    lines = list(cell.get("overrides", [])) + [o["line"] for o in (*cell.get("index_overrides", []),
+                                                                   *cell.get("breakage_overrides", []))]
     args = []
     if torch != "pinned":
         lines.append(f"torch=={torch}")
