@@ -20,18 +20,29 @@
 #               vllm.vllm_flash_attn, which raises ImportError without FA2 or FA3
 #   so0251, fa3_0251   the same for vLLM 0.25.1
 # xz level $XZ_LEVEL (default 1: this machine's two shared cores; -6 took ~4x as long for ~15 % less).
-# Each part is cut into slices of at most $SLICE_MB MiB; the slices are packed into gpu/.carry/serve/callN/ folders
-# of at most $CALL_MB MiB (the device tool carries 64 MiB a call, the working tree included). gpu/.carry/serve/
-# MANIFEST lists part, slice count and sha256; gpu/.carry/serve/calls.txt the folders in call order.
-# Device side: one `run` per folder, back to back on one warm machine, `carry` = [gpu/.carry/serve/callN], each
-# command starting with `source gpu/device_env_serve.sh` (which keeps the slices under /tmp and unpacks a part when
-# all its slices are there). gpu/results.md, "Served Qwen-Image", has the exact calls.
+# Size knobs (environment):
+#   CALL_MB   (default 56) the most MiB of slices in one call folder gpu/.carry/serve/callN/. The device tool carries
+#             64 MiB a call, the working tree included: tracked files plus untracked files git does not ignore
+#             (`git ls-files -z | xargs -0 du -cb`: 3.4 MiB at 6051031). 56 leaves ~4.6 MiB; the old 60 left
+#             0.6 MiB. gpu/serve_calls.py, run at the end, measures the tree again and fails (exit 1) if a call would
+#             leave less than MARGIN_MB (default 2) MiB.
+#   SLICE_MB  (default 16) each part is cut into slices of at most this many MiB (at most CALL_MB); slices well
+#             under CALL_MB let first fit fill each call folder close to CALL_MB.
+#   XZ_LEVEL  (default 1, above); REUSE_PARTS=1: keep the parts built last time, only re-slice (seconds);
+#   SERVE_BUILD (default gpu/.serve-build, git-ignored, ~1.8 GB): where the wheels are unpacked and the parts built.
+# gpu/.carry/serve/MANIFEST lists part, slice count, sha256 and bytes; gpu/.carry/serve/calls.txt the folders in call
+# order with their slices. Which call completes which part follows from those two files and nothing else:
+# `python3 gpu/serve_calls.py` prints the device calls (one `run` per folder, back to back on one warm machine,
+# `carry` = [gpu/.carry/serve/callN], command `bash gpu/serve_run.sh PHASE`, PHASE the next one whose parts are
+# complete by then, else `unpack`; then the phases left, with no carry). gpu/device_env_serve.sh (sourced by
+# serve_run.sh) keeps the slices under /tmp and unpacks a part when all its slices are there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=$(realpath -m "${SERVE_BUILD:-gpu/.serve-build}")
 C=gpu/.carry/serve
-SLICE_MB=${SLICE_MB:-60}
-CALL_MB=${CALL_MB:-60}
+SLICE_MB=${SLICE_MB:-16}
+CALL_MB=${CALL_MB:-56}
+[ "$SLICE_MB" -le "$CALL_MB" ] || { echo "prepare_serve: SLICE_MB ($SLICE_MB) must not exceed CALL_MB ($CALL_MB)" >&2; exit 1; }
 PLAT=(--python-version 3.12 --python-platform x86_64-manylinux_2_39 --only-binary :all: --no-deps --no-compile)
 mkdir -p "$B"
 
@@ -75,8 +86,8 @@ for part in so0251 py0251 deps fa3_0251 omni024 fa3_024 py024 so024; do
     n=$(ls "$S" | grep -c "^$part\.tar\.xz\.")
     echo "$part $n $(sha256sum < "$P/$part.tar.xz" | cut -d' ' -f1) $(stat -c %s "$P/$part.tar.xz")" >> "$C/MANIFEST"
 done
-# First fit over every call folder opened so far: the vLLM 0.25.1 set (+ deps, vllm-omni) is complete after call 3, the
-# 0.24.0 kernels come last.
+# First fit over every call folder opened so far, parts in this order: the vLLM 0.25.1 set (+ deps, vllm-omni) is
+# complete first, the 0.24.0 kernels come last (in which call depends on the knobs: gpu/serve_calls.py says).
 python3 - "$C" "$S" "$CALL_MB" <<'PY'
 import shutil, sys
 from pathlib import Path
@@ -97,3 +108,5 @@ PY
 for d in "$C"/call[0-9]*; do cp "$C/MANIFEST" "$d/"; done  # every call carries the manifest with its slices
 for d in "$C"/call[0-9]*; do echo "$d $(du -sm "$d" | cut -f1) MiB: $(ls "$d" | tr '\n' ' ')"; done | sort -V | tee "$C/calls.txt"
 cut -d' ' -f1,2,4 "$C/MANIFEST"
+# The device calls these folders make (and the check that each fits beside the working tree).
+python3 gpu/serve_calls.py --dir "$C" | tee "$C/device_calls.txt"

@@ -29,6 +29,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -314,13 +315,81 @@ def serve(name: str, model: Path, out: Path, *, port: int, extra: list[str], sta
         except ProcessLookupError:
             pass
     text = log_path.read_text(errors="replace")
-    errors = [ln.strip() for ln in text.splitlines() if "Error" in ln and ("No module named" in ln or "Error:" in ln)]
+    errors, warnings = classify_log_lines(text.splitlines())
     rec["error_lines"] = errors[-8:]
+    rec["warning_lines"] = warnings[-8:]
     rec["log_tail"] = text.splitlines()[-25:]
     rec["wall_s"] = round(time.monotonic() - t0, 1)
     (out / f"{name}.json").write_text(json.dumps(rec, indent=2))
     print(json.dumps({k: v for k, v in rec.items() if k != "log_tail"}, indent=1), flush=True)
     return rec
+
+
+# The server log's lines (gpu/results/ records, `error_lines`):
+#   vLLM's logger         "(APIServer pid=1050) WARNING 12-03 05:46:09 [system_utils.py:299] Found ulimit ..."
+#                         ("(Name pid=N) " only in a child process's lines; then LEVEL, date, time, [file:line])
+#   a traceback           "Traceback (most recent call last):", indented frames, then "ModuleNotFoundError: No ..."
+#   Python's warnings     "/path/x.py:12: FutureWarning: ...", then the source line ("  warnings.warn(")
+_PROC = re.compile(r"^\([^()]* pid=\d+\) ")
+_LEVEL = re.compile(r"^(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d ")
+_EXC_NAME = re.compile(r"\b[A-Za-z_][\w.]*(?:Error|Exception|Warning)\b")
+_TB_LAST = re.compile(r"^[A-Za-z_][\w.]*(?:: |:$|$)")
+
+
+def _error_like(line: str) -> bool:
+    """The criterion error_lines always had: an exception's message line or a missing module."""
+    return "Error" in line and ("No module named" in line or "Error:" in line)
+
+
+def classify_log_lines(lines: list[str]) -> tuple[list[str], list[str]]:
+    """Split a server log's error-like lines into (errors, warnings), each stripped, in log order.
+
+    A line is looked at only if it meets the criterion error_lines always had (``_error_like``), or it ends a
+    traceback with a ``...Warning`` class. Then, after the optional "(Name pid=N) " prefix:
+      1. logged at a level (vLLM's logger): WARNING / WARN / INFO / DEBUG is a warning, whatever its text says
+         (vLLM 0.24's "Failed to import from vllm._moe_C_stable_libtorch: ModuleNotFoundError(...)" and the ulimit
+         notice naming ``OSError``); ERROR / CRITICAL is an error;
+      2. the last line of a traceback (the first unindented line after "Traceback (most recent call last):" of the
+         same process) is an error, even for a Warning class (a warning raised as an exception stopped something);
+      3. any other line is a warning if it comes from Python's warnings module: it holds "warnings.warn(", or the
+         first exception-like name on it (``...Error``, ``...Exception``, ``...Warning``) is a ``...Warning``
+         ("/x.py:3: UserWarning: ... ValueError: ..."); otherwise it is an error.
+    A traceback is always an error, also one a WARNING record printed with ``exc_info`` (its level-less lines
+    cannot be told from a crash's); none of the records in gpu/results/ has one.
+    """
+    errors: list[str] = []
+    warnings: list[str] = []
+    in_tb: dict[str, bool] = {}  # per process prefix
+    for raw in lines:
+        text = raw.rstrip("\r\n")
+        m = _PROC.match(text)
+        proc = m.group(0) if m else ""
+        indented = text[len(proc):][:1].isspace()  # a traceback's frames and source lines
+        line, body = text.strip(), text[len(proc):].strip()
+        lvl = _LEVEL.match(body)
+        level = lvl.group(1) if lvl else None
+        tb_end = False
+        if level is None:
+            if body.startswith("Traceback (most recent call last)"):
+                in_tb[proc] = True
+                continue
+            # The exception line ends the traceback: unindented, a dotted name, then ": message" or nothing (the
+            # "During handling ..." / "The above exception ..." lines between chained tracebacks do not match).
+            if in_tb.get(proc) and not indented and _TB_LAST.match(body):
+                in_tb[proc] = False
+                tb_end = True
+        raised_warning = tb_end and (m_exc := _EXC_NAME.match(body)) is not None and m_exc.group(0).endswith("Warning")
+        if not (_error_like(body) or raised_warning):
+            continue
+        if level is not None:
+            (warnings if level in ("DEBUG", "INFO", "WARNING", "WARN") else errors).append(line)
+        elif tb_end:
+            errors.append(line)
+        else:
+            first = _EXC_NAME.search(body)
+            is_warning = "warnings.warn(" in body or (first is not None and first.group(0).endswith("Warning"))
+            (warnings if is_warning else errors).append(line)
+    return errors, warnings
 
 
 def _chat_requests(client, model_id: str, rec: dict) -> None:

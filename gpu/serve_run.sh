@@ -1,4 +1,7 @@
-# The device calls of the served Qwen-Image check (issue 24 item 4). On the GPU machine, from the repo root:
+# The device calls of the served Qwen-Image check (issue 24 item 4). On the GPU machine, from the repo root (which
+# call runs which phase: `python3 gpu/serve_calls.py` on the CPU machine, from what gpu/prepare_serve.sh built; the
+# phase names and the parts each needs are gpu/serve_calls.py's PHASES, and a phase whose parts are not unpacked
+# yet stops here with the names of those parts):
 #   bash gpu/serve_run.sh unpack          a call that only carries slices (gpu/.carry/serve/callN)
 #   bash gpu/serve_run.sh bug             (a) vLLM 0.25.1 + vllm-omni 0.24.0, unpatched
 #   bash gpu/serve_run.sh native          (b) native 0.24.0, (b') native 0.24.0 --quantization fp8
@@ -22,6 +25,11 @@ cd "$(dirname "$0")/.."
 source gpu/device_env_serve.sh || exit 1
 phase=${1:-unpack}
 [ "$phase" = unpack ] && exit 0
+parts=$(python3 gpu/serve_calls.py needs "$phase") || exit 2  # an unknown phase: the list of phases is printed
+for part in $parts; do
+    [ -e "$VCS/$part.done" ] || { echo "serve_run: phase $phase needs part $part, not unpacked on this machine yet:" \
+        "make the earlier calls of \`python3 gpu/serve_calls.py\` first (same machine, back to back)" >&2; exit 1; }
+done
 W=$VCS/out/$phase
 rm -rf "$W" && mkdir -p "$W"
 MODEL=$VCS/tiny-qwen-image
