@@ -112,7 +112,8 @@ class FileOwners:
 
 def site_dirs(path: list[str] | None = None) -> list[str]:
     """The entries of ``path`` (default ``sys.path``) that are directories holding a ``*.dist-info``, in order,
-    each once (by real path). A source tree (with or without its ``*.egg-info``) or a zip is not one."""
+    each once (by real path), none inside another (a package's vendored copies). A source tree (with or without its
+    ``*.egg-info``) or a zip is not one."""
     found, seen = [], set()
     for entry in sys.path if path is None else path:
         real = os.path.realpath(entry or os.curdir)
@@ -125,7 +126,9 @@ def site_dirs(path: list[str] | None = None) -> list[str]:
             continue
         if any(n.endswith(".dist-info") for n in names):
             found.append(real)
-    return found
+    # a directory inside another one is a package's vendored copies (setuptools puts setuptools/_vendor on
+    # sys.path when it is imported): their files are its own, listed in its RECORD, not a second install
+    return [d for d in found if not any(d != other and d.startswith(other + os.sep) for other in found)]
 
 
 def _distribution(dist_info: str) -> Distribution:
