@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     tree = tree_bytes()
     tree_mib = None if tree is None else tree / MIB
     worst = None
-    for r, c in zip(rows, calls + [None] * len(rows)):
+    for r, c in zip(rows, calls + [None] * len(rows), strict=False):
         if c is not None:
             r["carry_mib"] = round(folder_mib(c["folder"], c["mib"]), 2)
         if tree_mib is not None:

@@ -96,10 +96,11 @@ def measure(vllm_wheel: Path, omni_wheel: Path | None, vllm: str, omni: str | No
         result["all_unresolved"] = len(drift.unresolved)
         # Each entrypoint (vllm_compat/entrypoints.py) as a user who installs vllm_compat gets it: the decided
         # bridges in place before vllm-omni is imported (the startup hook), as `vllm-compat check` says.
-        from vllm_compat.bridges import provided_by_decisions
+        from vllm_compat.bridges import drift_handler, provided_by_decisions
 
         decisions = [d for _, _, d in plan(site, read_controls())]
-        bridged = drift.with_bridges(provided_by_decisions(decisions), early=True)
+        bridged = drift.with_bridges(provided_by_decisions(decisions), early=True).with_behaviour(
+            site.behaviour_drift, drift_handler(decisions))  # and the behavioural drift the drift points handle
         result["entrypoints"] = {status.id: status.status for status in bridged.statuses}
         # The method patches besides the loader entry that act on this pair (each makes the verdict "with
         # vllm_compat"); the key is left out where none does.

@@ -40,8 +40,8 @@ def test_doctor_table_lists_every_catalogue_entry():
 def test_runtime_doctor_agrees_with_static_doctor_on_every_entrypoint():
     """A bridge whose target is not imported yet when doctor applies the shim (vLLM 0.29+'s openai.engine package,
     whose parent is imported later) is "pending" at run time: it counts as the bridge its hook will install, so the
-    runtime verdict says what static doctor and the real server say, and any decision the two detections make
-    differently is a mismatch (issue 32: doctor --runtime said `vllm serve --omni` WILL NOT START where it serves)."""
+    runtime verdict says what static doctor and the real server say, with no mismatch between the two detections'
+    facts (issue 32: doctor --runtime said `vllm serve --omni` WILL NOT START where it serves)."""
     reports = {}
     for mode in ("static", "runtime"):
         args = ["-m", "vllm_compat", "doctor", "--json"] + (["--runtime"] if mode == "runtime" else [])

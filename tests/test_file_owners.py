@@ -130,7 +130,7 @@ def test_site_dirs_and_distributions_without_a_record(site, tmp_path):
 
 def _cuda_site(site, python_version: str):
     runtime = "cuda/bindings/runtime.cpython-311-x86_64-linux-gnu.so"
-    _dist(site, f"cuda_bindings-13.5.0.dist-info", {runtime: b"13.5 runtime\n", "cuda/bindings/__init__.py": b"13\n"})
+    _dist(site, "cuda_bindings-13.5.0.dist-info", {runtime: b"13.5 runtime\n", "cuda/bindings/__init__.py": b"13\n"})
     _dist(site, f"cuda_python-{python_version}.dist-info", {runtime: b"12.6 runtime\n",
                                                             "cuda/bindings/__init__.py": b"12\n"})
     return find_file_clashes([str(site)])

@@ -73,7 +73,7 @@ def test_cell_entrypoints_match_matrix():
     expected = os.environ.get("VLLM_COMPAT_EXPECT_ENTRYPOINTS")
     if expected is None:
         pytest.skip("the cell has no vllm-omni (or no entrypoints measured)")
-    from vllm_compat.bridges import provided_by_decisions
+    from vllm_compat.bridges import drift_handler, provided_by_decisions
     from vllm_compat.config import Controls
     from vllm_compat.decide import plan
     from vllm_compat.detect.static import StaticSite
@@ -81,13 +81,17 @@ def test_cell_entrypoints_match_matrix():
     result = report()
     drift = result.import_drift  # judged against this env: a CPU-torch cell lacks the server's torchaudio
     # the wheels' view, as refresh measures it (a user's install brings the requirements; default controls; the
-    # startup hook), from a fresh plan of the installed pair: nothing another test did in this process counts
+    # startup hook), from a fresh plan of the installed pair: nothing another test did in this process counts;
+    # with the behavioural drift the acting drift points handle, as check reports it
     site = StaticSite.installed()
-    provided = provided_by_decisions([decision for _, _, decision in plan(site, Controls())])
-    as_installed = site.installed_import_drift().with_bridges(provided, early=True)
+    decisions = [decision for _, _, decision in plan(site, Controls())]
+    provided = provided_by_decisions(decisions)
+    as_installed = site.installed_import_drift().with_bridges(provided, early=True).with_behaviour(
+        site.behaviour_drift, drift_handler(decisions))
     found = {status.id: status.status for status in as_installed.statuses}
     assert found == dict(item.split("=", 1) for item in expected.split(",")), f"cell {os.environ['VLLM_COMPAT_CELL']}"
-    judged = drift.with_bridges(provided, early=True).statuses
+    judged = drift.with_bridges(provided, early=True).with_behaviour(site.behaviour_drift,
+                                                                     drift_handler(decisions)).statuses
     for here, measured in zip(judged, as_installed.statuses, strict=True):  # the env only ever takes away
         assert here.status == measured.status or (here.status == "will_not_start" and here.not_installed), here
     if drift.early:

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from types import SimpleNamespace
 
 import pytest
 
 import vllm_compat
+from tests.support.trees import write_tree
 from tests.support.wheels import wheel_or_skip
 from vllm_compat.cli import main
 from vllm_compat.decide import Decision
 from vllm_compat.detect.import_drift import EntrypointStatus, check_import_drift
-from vllm_compat.detect.source_tree import SourceTree
 from vllm_compat.detect.static import detect_static
 from vllm_compat.reporting import Report
 from vllm_compat.require import gate, known_ids, required_entrypoints
@@ -47,12 +46,7 @@ DIFFUSION_STOPS = {"vllm_omni/diffusion/worker/diffusion_worker.py": "from vllm.
 NO_DIFFUSION = {k: v for k, v in OMNI.items() if not k.startswith("vllm_omni/diffusion/")}
 
 
-def _tree(root, files: dict[str, str]) -> SourceTree:
-    for relpath, text in files.items():
-        path = root / relpath
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    return SourceTree(root)
+_tree = write_tree
 
 
 def _doctor_report(tmp_path, omni_files=OMNI, patches=()):

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import textwrap
 from pathlib import Path
 
 import pytest
 
 import vllm_compat
+from tests.support.trees import write_tree
 from tests.support.wheels import wheel_or_skip
 from vllm_compat.cli import main
 from vllm_compat.decide import Decision
 from vllm_compat.detect.import_drift import check_import_drift
-from vllm_compat.detect.source_tree import SourceTree
 from vllm_compat.detect.static import detect_static
 from vllm_compat.reporting import Report
 
@@ -154,12 +153,7 @@ DISABLED = Decision("hsdp_load_order", "DiffusersPipelineLoader.load_model", "di
                     "hsdp_load_order is listed in VLLM_COMPAT_DISABLE_PATCHES")
 
 
-def _tree(root: Path, files: dict[str, str]) -> SourceTree:
-    for relpath, text in files.items():
-        path = root / relpath
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    return SourceTree(root)
+_tree = write_tree
 
 
 def _doctor_report(tmp_path, omni_files=OMNI, patches=()) -> Report:

@@ -181,7 +181,7 @@ def file_clashes_dict(owners) -> dict:
     from .known_clashes import known_clash
 
     data = owners.to_dict()
-    for clash, entry in zip(owners.clashes, data["clashes"]):
+    for clash, entry in zip(owners.clashes, data["clashes"], strict=True):
         row = known_clash(clash)
         entry.update(known=row.to_dict() if row else None, override=row.override if row else None,
                      harmless=bool(row and row.is_harmless_for(clash)))

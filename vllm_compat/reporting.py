@@ -569,7 +569,7 @@ def build_report(runtime: bool = False) -> Report:
     applied = apply()
     return Report(_dependency_drift=installed_dependency_drift, mode="runtime", static=static, runtime=live,
                   patches=_with_pending_decided(applied, static_decisions),
-                  mismatches=_runtime_mismatches(planned, live) + _decision_mismatches(applied, static_decisions))
+                  mismatches=_runtime_mismatches(planned, live))
 
 
 def _with_pending_decided(applied, static_decisions) -> list:
@@ -582,16 +582,6 @@ def _with_pending_decided(applied, static_decisions) -> list:
     return [dataclasses.replace(static[d.name], reason=f"{static[d.name].reason} (when its target is imported)")
             if d.action == Action.PENDING and d.name in static and static[d.name].action != Action.PENDING else d
             for d in applied]
-
-
-def _decision_mismatches(applied, static_decisions) -> list[str]:
-    """Every entry decided at run time (its target imported) whose action differs from the static decision."""
-    from .decide import Action
-
-    static = {d.name: d for d in static_decisions}
-    return [f"{d.name}: static detection decided {static[d.name].action}, the imported modules {d.action}"
-            for d in applied if d.action != Action.PENDING and d.name in static
-            and static[d.name].action not in (Action.PENDING, d.action)]
 
 
 def reported_facts(site) -> SiteFacts:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.support.trees import write_tree
 from tests.support.wheels import wheel_or_skip
 from vllm_compat.cli import main
 from vllm_compat.detect.behaviour_drift import check_behaviour_drift, scan
@@ -271,11 +271,7 @@ PLUGIN = {
 
 
 def _tree(tmp_path: Path, name: str, files: dict) -> SourceTree:
-    for relpath, text in files.items():
-        path = tmp_path / name / relpath
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    return SourceTree(tmp_path / name)
+    return write_tree(tmp_path / name, files)
 
 
 def test_each_kind_is_found_against_the_old_host_and_only_what_changed(tmp_path):

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
+from tests.support.trees import write_tree
 from vllm_compat.detect.import_drift import check_import_drift
-from vllm_compat.detect.source_tree import SourceTree
 from vllm_compat.detect.static import detect_static
 from vllm_compat.entrypoints import ENTRYPOINTS
 from vllm_compat.reporting import Report
@@ -42,12 +42,7 @@ OMNI = {
 }
 
 
-def _tree(root, files: dict[str, str]) -> SourceTree:
-    for relpath, text in files.items():
-        path = root / relpath
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    return SourceTree(root)
+_tree = write_tree
 
 
 @pytest.fixture

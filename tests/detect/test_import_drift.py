@@ -6,13 +6,13 @@ Real packages first (whatever this env installed), then the rules on small synth
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
 from packaging.version import Version
 
 from conftest import OMNI_VERSION, VLLM_VERSION, needs_vllm, run_python
+from tests.support.trees import write_tree
 from vllm_compat.detect.import_drift import (
     ImportDrift,
     UnresolvedImport,
@@ -124,12 +124,7 @@ def test_absent_plugin_is_not_checked(tmp_path):
 # ------------------------------------------------------------------------------------ synthetic trees
 
 
-def _tree(root, files: dict[str, str]) -> SourceTree:
-    for relpath, text in files.items():
-        path = root / relpath
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    return SourceTree(root)
+_tree = write_tree
 
 
 HOST = {
