@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from .definitions import module_bindings
 from .host_index import absolute_module, host_index
 from .model import Param, ParamKind
 from .source_tree import SourceTree, parse_source
@@ -46,6 +47,20 @@ def parsed(tree: SourceTree, relpath: str) -> ast.Module | None:
         except SyntaxError:
             _PARSED[key] = None
     return _PARSED[key]
+
+
+def _binding(name: str, node, package: str) -> tuple:
+    """``CodeModel.bindings``' record of what ``node`` binds to ``name`` at module level."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return ("def", node)
+    if isinstance(node, ast.ImportFrom):
+        alias = next(a for a in node.names if (a.asname or a.name) == name)
+        source = absolute_module(node, package)
+        return ("import", source, alias.name) if source else ("value", None)
+    if isinstance(node, ast.Import):
+        alias = next(a for a in node.names if (a.asname or a.name.split(".")[0]) == name)
+        return ("module", alias.name if alias.asname else alias.name.split(".")[0])
+    return ("value", None)
 
 
 def statements(body):
@@ -157,43 +172,12 @@ class CodeModel:
             return found
         relpath = self.module_file(module)
         package = module if relpath.endswith("__init__.py") else module.rpartition(".")[0]
-        self._bind_block(tree.body, package, found, top=True)
+        for name, node in module_bindings(tree.body):  # what the module binds, as definitions.Definitions reads it
+            found[name] = _binding(name, node, package)
+        for node in statements(tree.body):  # then imports inside functions, for names the module leaves unbound
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self._bind_functions(node.body, package, found)
         return found
-
-    def _bind_block(self, body, package: str, found: dict, top: bool) -> None:
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                if top:
-                    found[node.name] = ("def", node)
-                if not isinstance(node, ast.ClassDef):
-                    self._bind_functions(node.body, package, found)
-                else:
-                    for item in node.body:
-                        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                            self._bind_functions(item.body, package, found)
-            elif isinstance(node, ast.ImportFrom):
-                source = absolute_module(node, package)
-                for alias in node.names:
-                    if source and alias.name != "*":
-                        found[alias.asname or alias.name] = ("import", source, alias.name)
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    found[alias.asname or alias.name.split(".")[0]] = (
-                        "module", alias.name if alias.asname else alias.name.split(".")[0])
-            elif top and isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for target in targets:
-                    if isinstance(target, ast.Name):
-                        found[target.id] = ("value", None)
-            elif isinstance(node, ast.If):
-                if "TYPE_CHECKING" not in ast.unparse(node.test):
-                    self._bind_block(node.body, package, found, top)
-                self._bind_block(node.orelse, package, found, top)
-            elif isinstance(node, ast.Try):
-                self._bind_block(node.body, package, found, top)
-                for handler in node.handlers:
-                    self._bind_block(handler.body, package, found, top)
-                self._bind_block(node.orelse, package, found, top)
 
     def _bind_functions(self, body, package: str, found: dict) -> None:
         """Imports inside a function body (vllm-omni imports heavy vLLM names where it uses them)."""

@@ -81,7 +81,7 @@ def module_of(relpath: str) -> str:
     return relpath[:-3].replace("/", ".").removesuffix(".__init__")
 
 
-def _bindings(body: list):
+def module_bindings(body: list):
     """``(bound name, node)`` for the statements of a module body that bind names, descending into
     module-level ``if`` / ``try`` blocks (not under ``if TYPE_CHECKING``)."""
     for node in body:
@@ -100,13 +100,13 @@ def _bindings(body: list):
         elif isinstance(node, ast.If):
             test = ast.unparse(node.test) if hasattr(ast, "unparse") else ""
             if "TYPE_CHECKING" not in test:
-                yield from _bindings(node.body)
-            yield from _bindings(node.orelse)
+                yield from module_bindings(node.body)
+            yield from module_bindings(node.orelse)
         elif isinstance(node, ast.Try):
-            yield from _bindings(node.body)
+            yield from module_bindings(node.body)
             for handler in node.handlers:
-                yield from _bindings(handler.body)
-            yield from _bindings(node.orelse)
+                yield from module_bindings(handler.body)
+            yield from module_bindings(node.orelse)
 
 
 class Definitions:
@@ -143,7 +143,7 @@ class Definitions:
             return None
         package = module if relpath.endswith("__init__.py") else module.rpartition(".")[0]
         found = None
-        for bound, node in _bindings(parsed.body):
+        for bound, node in module_bindings(parsed.body):
             if bound == name:
                 found = node  # the last binding wins, as at run time
         if found is None:
@@ -176,6 +176,6 @@ class Definitions:
         parsed = self.parse(relpath)
         if parsed is None:
             return
-        for bound, node in _bindings(parsed.body):
+        for bound, node in module_bindings(parsed.body):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 yield bound, node
