@@ -81,6 +81,23 @@ def _install_cell(session: nox.Session, cell: dict) -> None:
     if _torch(cell) != "pinned":
         session.run("uv", "pip", "uninstall", "--python", session.virtualenv.location, *BROKEN_BESIDE_CPU_TORCH,
                     silent=True)
+    _reinstall_lost_overlays(session)
+
+
+REINSTALL_QUERY = ("from vllm_compat.dependency_drift import file_clashes_dict; "
+                   "from vllm_compat.detect.file_owners import find_file_clashes; "
+                   "print(' '.join(file_clashes_dict(find_file_clashes())['reinstall']))")
+
+
+def _reinstall_lost_overlays(session: nox.Session) -> None:
+    """uv unpacks wheels in parallel: where one distribution overlays another's files by design
+    (vllm_compat/known_clashes.py rows with ``wins``), either's bytes may end on disk (CI's v0.24-omni0.24 env had
+    nvidia-cutlass-dsl-libs-base's, this machine's libs-cu13's). Reinstall the overlay the doctor names."""
+    lost = session.run("python", "-c", REINSTALL_QUERY, silent=True).splitlines()[-1].split()  # stderr comes first
+    if lost:
+        session.log(f"reinstalling overlays whose files the install order overwrote: {' '.join(lost)}")
+        session.run("uv", "pip", "install", "--python", session.virtualenv.location, "--reinstall", "--no-deps",
+                    *lost)
 
 
 def _cell_env(cell: dict) -> dict:

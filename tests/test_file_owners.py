@@ -166,8 +166,11 @@ def test_an_overlay_is_harmless_only_while_its_bytes_are_on_disk(site, installed
     (clash,) = find_file_clashes([str(site)]).clashes
     assert clash.on_disk == layer[installed_last]
     assert known_clash(clash) is row and row.is_harmless_for(clash) is harmless
-    assert ("-> known, harmless" if harmless else "-> known, NOT harmless here") in "\n".join(file_clash_lines(
-        find_file_clashes([str(site)])))
+    lines = "\n".join(file_clash_lines(find_file_clashes([str(site)])))
+    assert ("-> known, harmless" if harmless else "-> known, NOT harmless here") in lines
+    fix = None if harmless else f"{row.wins}==4.5.2"  # the overlay, reinstalled, puts its bytes back
+    assert file_clashes_dict(find_file_clashes([str(site)]))["reinstall"] == ([fix] if fix else [])
+    assert (f"-> fix: uv pip install --reinstall --no-deps {fix}" in lines) is bool(fix)
 
 
 def test_every_row_is_well_formed():

@@ -170,22 +170,26 @@ def file_clash_lines(owners, indent: str = "  ") -> list[str]:
             lines.append(f"{indent}    -> known, harmless: {row.reason}")
         else:
             lines.append(f"{indent}    -> known, NOT harmless here: {row.reason}")
+            if fix := row.reinstall(clash):
+                lines.append(f"{indent}    -> fix: uv pip install --reinstall --no-deps {fix}")
     for meta, why in sorted(owners.unread.items()):
         lines.append(f"{indent}  files not read: {meta} ({why})")
     return lines
 
 
 def file_clashes_dict(owners) -> dict:
-    """``owners.to_dict()`` with each clash's ``known`` row, ``harmless`` (here) and ``override``, and the
-    override lines of all (``overrides``)."""
+    """``owners.to_dict()`` with each clash's ``known`` row, ``harmless`` (here), ``override`` and ``reinstall``,
+    and, of all, the override lines (``overrides``) and the requirements to reinstall (``reinstall``)."""
     from .known_clashes import known_clash
 
     data = owners.to_dict()
     for clash, entry in zip(owners.clashes, data["clashes"], strict=True):
         row = known_clash(clash)
         entry.update(known=row.to_dict() if row else None, override=row.override if row else None,
-                     harmless=bool(row and row.is_harmless_for(clash)))
+                     harmless=bool(row and row.is_harmless_for(clash)),
+                     reinstall=row.reinstall(clash) if row else None)
     data["overrides"] = [c["override"] for c in data["clashes"] if c["override"]]
+    data["reinstall"] = [c["reinstall"] for c in data["clashes"] if c["reinstall"]]
     return data
 
 

@@ -6,7 +6,9 @@ tests/test_installed_env.py allows, in a matrix cell's env, exactly the clashes 
 matches a clash when the two names match (either order) and each version lies in its row's range.
 
 ``wins``: the clash is by design (one distribution overlays the other); harmless only while that one's bytes are
-on disk (``FileClash.on_disk``, decided on one shared file), otherwise reinstalling it restores them.
+on disk (``FileClash.on_disk``, decided on one shared file), otherwise reinstalling it restores them
+(``reinstall``: the doctor prints the command, the noxfile runs it after each cell's install; uv unpacks wheels in
+parallel, so either order happens: CI's v0.24-omni0.24 env had libs-base's bytes, this machine's libs-cu13's).
 ``needs_library``: either bytes import only where that shared library is found (``ctypes.util.find_library``).
 """
 
@@ -52,6 +54,14 @@ class KnownClash:
         import ctypes.util
 
         return ctypes.util.find_library(self.needs_library) is not None
+
+    def reinstall(self, clash) -> str | None:
+        """For an overlay whose bytes lost the install order (``wins`` not on disk): the requirement to reinstall
+        (``uv pip install --reinstall --no-deps REQ``) that puts them back; None otherwise."""
+        if self.wins is None or clash.on_disk == self.wins or clash.differing == 0:
+            return None
+        winner = clash.first if clash.first.name == self.wins else clash.second
+        return f"{winner.name}=={winner.version}"
 
     def to_dict(self) -> dict:
         return {"first": self.first, "first_range": self.first_range, "second": self.second,
