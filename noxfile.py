@@ -73,15 +73,38 @@ def _override_args(session: nox.Session, cell: dict) -> list[str]:
     return ["--override", str(overrides), *args]
 
 
-def _install_cell(session: nox.Session, cell: dict) -> None:
-    packages = [f"vllm=={cell['vllm']}"]
-    if cell.get("vllm_omni"):
-        packages.append(f"vllm-omni=={cell['vllm_omni']}")
-    session.install(*packages, "-e", ".[test]", *_override_args(session, cell))
+def _requirements(cell: dict) -> list[str]:
+    """What a cell installs: its vLLM, its vllm-omni, this checkout with the test extras."""
+    packages = [f"vllm=={cell['vllm']}"] + ([f"vllm-omni=={cell['vllm_omni']}"] if cell.get("vllm_omni") else [])
+    return [*packages, "-e", ".[test]"]
+
+
+def _constraint_args(cell: dict) -> list[str]:
+    """``-c`` the set the cell last passed with (vllm_compat/tested_sets/, issue 33), so a CI run installs what was
+    tested, not today's resolution; none where none is recorded or VLLM_COMPAT_FRESH_RESOLVE=1 (refresh)."""
+    recorded = ROOT / "vllm_compat" / "tested_sets" / f"{cell['id']}.txt"
+    if os.environ.get("VLLM_COMPAT_FRESH_RESOLVE") == "1" or not recorded.is_file():
+        return []
+    return ["-c", str(recorded)]
+
+
+def _install(session: nox.Session, cell: dict, python: str) -> None:
+    """Install the cell into the env of interpreter ``python``: its requirements with its overrides and tested
+    set; a CPU-torch cell without the three that fail beside it; overlays the install order broke reinstalled."""
+    session.run("uv", "pip", "install", "-q", "--python", python, *_requirements(cell),
+                *_override_args(session, cell), *_constraint_args(cell), external=True)
     if _torch(cell) != "pinned":
-        session.run("uv", "pip", "uninstall", "--python", session.virtualenv.location, *BROKEN_BESIDE_CPU_TORCH,
+        session.run("uv", "pip", "uninstall", "-q", "--python", python, *BROKEN_BESIDE_CPU_TORCH, external=True,
                     silent=True)
-    _reinstall_lost_overlays(session)
+    _reinstall_lost_overlays(session, python)
+
+
+def _install_cell(session: nox.Session, cell: dict) -> None:
+    _install(session, cell, _session_python(session))
+
+
+def _session_python(session: nox.Session) -> str:
+    return os.path.join(session.virtualenv.location, "bin", "python")
 
 
 REINSTALL_QUERY = ("from vllm_compat.dependency_drift import file_clashes_dict; "
@@ -89,15 +112,23 @@ REINSTALL_QUERY = ("from vllm_compat.dependency_drift import file_clashes_dict; 
                    "print(' '.join(file_clashes_dict(find_file_clashes())['reinstall']))")
 
 
-def _reinstall_lost_overlays(session: nox.Session) -> None:
+def _reinstall_lost_overlays(session: nox.Session, python: str) -> None:
     """uv unpacks wheels in parallel: where one distribution overlays another's files by design
     (vllm_compat/known_clashes.py rows with ``wins``), either's bytes may end on disk (CI's v0.24-omni0.24 env had
     nvidia-cutlass-dsl-libs-base's, this machine's libs-cu13's). Reinstall the overlay the doctor names."""
-    lost = session.run("python", "-c", REINSTALL_QUERY, silent=True).splitlines()[-1].split()  # stderr comes first
+    output = session.run(python, "-c", REINSTALL_QUERY, silent=True, external=True)
+    lost = output.splitlines()[-1].split() if output.strip() else []  # stderr (log lines) comes first
     if lost:
         session.log(f"reinstalling overlays whose files the install order overwrote: {' '.join(lost)}")
-        session.run("uv", "pip", "install", "--python", session.virtualenv.location, "--reinstall", "--no-deps",
-                    *lost)
+        session.run("uv", "pip", "install", "-q", "--python", python, "--reinstall", "--no-deps", *lost,
+                    external=True)
+
+
+def _record_set(session: nox.Session, cell: dict, python: str) -> None:
+    """VLLM_COMPAT_RECORD_SETS=1, after the cell passed: write the exact set it passed with
+    (matrix/tested_sets.py record)."""
+    if os.environ.get("VLLM_COMPAT_RECORD_SETS") == "1":
+        session.run(python, "matrix/tested_sets.py", "record", cell["id"], "--python", python, external=True)
 
 
 def _cell_env(cell: dict) -> dict:
@@ -126,6 +157,7 @@ def _run_cell(session: nox.Session, cell: dict) -> None:
     env = _cell_env(cell)
     session.run("python", "-m", "vllm_compat", "doctor", env=env, success_codes=[0, 1])
     session.run("pytest", "--strict-markers", *TEST_WORKERS, *session.posargs, env=env)
+    _record_set(session, cell, _session_python(session))
 
 
 @nox.session(name="tests")
@@ -164,12 +196,7 @@ def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
     try:
         if cold:
             session.run("uv", "venv", "-q", "-p", "3.11", str(venv), external=True)
-        packages = [f"vllm=={cell['vllm']}"] + ([f"vllm-omni=={cell['vllm_omni']}"] if cell.get("vllm_omni") else [])
-        session.run("uv", "pip", "install", "-q", "-p", python, *packages, "-e", ".[test]",
-                    *_override_args(session, cell), external=True)
-        if _torch(cell) != "pinned":
-            session.run("uv", "pip", "uninstall", "-q", "-p", python, *BROKEN_BESIDE_CPU_TORCH, external=True,
-                        silent=True)
+        _install(session, cell, python)
     except nox.command.CommandFailed as exc:
         row.update(error=f"install failed: {exc.reason}", build_s=time.monotonic() - started, test_s=0.0)
         return row
@@ -201,6 +228,8 @@ def _matrix_cell(session: nox.Session, cell: dict, workdir: Path) -> dict:
         session.run(python, "-m", "pytest", "--strict-markers", "-q", f"--junitxml={junit}", *TEST_WORKERS,
                     *session.posargs, env=env, external=True)
         row["ok"] = "error" not in row
+        if row["ok"]:
+            _record_set(session, cell, python)
     except nox.command.CommandFailed:
         pass
     row["test_s"] = time.monotonic() - test_started
@@ -272,9 +301,10 @@ def _render_matrix(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _run_matrix(session: nox.Session, cells: list[dict], title: str) -> None:
+def _run_matrix(session: nox.Session, cells: list[dict], title: str) -> list[str]:
     """Each cell in a venv of its own, one after another (deleted afterwards unless VLLM_COMPAT_MATRIX_KEEP=1),
-    ending with a table, also written to matrix/last-run.md after every cell (a long run leaves a partial one)."""
+    ending with a table, also written to matrix/last-run.md after every cell (a long run leaves a partial one);
+    returns the ids of the cells that failed."""
     workdir = ROOT / ".nox" / "matrix-cells"
     workdir.mkdir(parents=True, exist_ok=True)
     keep = os.environ.get("VLLM_COMPAT_MATRIX_KEEP") == "1"
@@ -287,7 +317,10 @@ def _run_matrix(session: nox.Session, cells: list[dict], title: str) -> None:
         table = _render_matrix(rows)
         (ROOT / "matrix" / "last-run.md").write_text(f"# {title}, {time.strftime('%Y-%m-%d %H:%M')}\n\n{table}\n")
     print(table)
-    failed = [r["cell"] for r in rows if not r["ok"]]
+    return [r["cell"] for r in rows if not r["ok"]]
+
+
+def _fail_on(session: nox.Session, failed: list[str]) -> None:
     if failed:
         session.error(f"cells failed: {', '.join(failed)}")
 
@@ -299,7 +332,7 @@ def matrix(session: nox.Session) -> None:
     unknown = set(wanted) - {c["id"] for c in CELLS}
     if unknown:
         session.error(f"unknown cells {sorted(unknown)}; known: {[c['id'] for c in CELLS]}")
-    _run_matrix(session, [c for c in CELLS if not wanted or c["id"] in wanted], "nox -s matrix")
+    _fail_on(session, _run_matrix(session, [c for c in CELLS if not wanted or c["id"] in wanted], "nox -s matrix"))
 
 
 def _rotation_module():
@@ -336,7 +369,7 @@ def rotation(session: nox.Session) -> None:
         session.skip(f"no rotating cells (VLLM_COMPAT_ROTATION={per_run}, {len(ROTATING_CELLS)} non-default cells)")
     session.log(f"rotation {seed}: {', '.join(c['id'] for c in cells)} (every cell once in "
                 f"{_rotation_module().rotation_period(len(ROTATING_CELLS), per_run)} submissions)")
-    _run_matrix(session, cells, f"nox -s rotation (seed {seed})")
+    _fail_on(session, _run_matrix(session, cells, f"nox -s rotation (seed {seed})"))
 
 
 NATIVE_CELLS = [c for c in CELLS if c.get("native")]
@@ -355,9 +388,50 @@ def native(session: nox.Session, cell: dict) -> None:
 @nox.session
 def refresh(session: nox.Session) -> None:
     """New vLLM releases on the index -> their cells and drift; then every cell's expectations re-measured from the
-    release wheels (posargs: --write, --no-intake, cell ids; docs/new-vllm-release.md)."""
+    release wheels (posargs: --write, --no-intake, cell ids; docs/new-vllm-release.md); then the recorded tested
+    sets re-resolved, the cells whose set moved re-run and re-recorded where they pass (--no-sets skips it)."""
     session.install("pip", "-e", ".")
-    session.run("python", "matrix/refresh.py", *session.posargs)
+    args = [arg for arg in session.posargs if arg != "--no-sets"]
+    failed = []
+    if "--no-sets" not in session.posargs:
+        wanted = [arg for arg in args if not arg.startswith("-")]
+        failed = _refresh_sets(session, [c for c in CELLS if not wanted or c["id"] in wanted])
+    session.run("python", "matrix/refresh.py", *args)
+    if failed:
+        session.error(f"cells whose tested set moved failed on the fresh resolution (old sets kept): {failed}")
+
+
+def _refresh_sets(session: nox.Session, cells: list[dict]) -> list[str]:
+    """Each cell's install resolved afresh (``uv pip compile``, the same requirements and overrides, no tested set),
+    compared with its recorded set (matrix/tested_sets.py moved: what moved, per cell); the cells whose set moved
+    run their whole suite on the fresh resolution, and each that passes is recorded anew. A failing one keeps its
+    old file and is returned (the session fails naming it)."""
+    compiled = []
+    for cell in cells:
+        if not (ROOT / "vllm_compat" / "tested_sets" / f"{cell['id']}.txt").is_file():
+            session.log(f"{cell['id']}: no recorded set (VLLM_COMPAT_RECORD_SETS=1 nox -s \"cell({cell['id']})\")")
+            continue
+        out = Path(session.create_tmp()) / f"compiled-{cell['id']}.txt"
+        out.unlink(missing_ok=True)  # uv pip compile prefers the versions of an existing output file
+        requirements = Path(session.create_tmp()) / f"requirements-{cell['id']}.txt"
+        packages = _requirements(cell)[:-2]  # the checkout by its absolute path: a requirements file is elsewhere
+        requirements.write_text("".join(f"{line}\n" for line in [*packages, f"-e {ROOT}[test]"]))
+        try:
+            session.run("uv", "pip", "compile", "-q", "--python-version", "3.11", "--no-header", "--no-annotate",
+                        str(requirements), *_override_args(session, cell), "-o", str(out), external=True)
+        except nox.command.CommandFailed:  # uv printed why (a pin the index lacks, a conflict): nothing to run
+            session.warn(f"{cell['id']}: its install does not resolve today; its recorded set is kept")
+            continue
+        compiled.append(f"{cell['id']}={out}")
+    if not compiled:
+        return []
+    report = session.run("python", "matrix/tested_sets.py", "moved", *compiled, silent=True)
+    print(report)
+    moved = report.strip().splitlines()[-1].removeprefix("moved:").split()
+    if not moved:
+        return []
+    os.environ.update(VLLM_COMPAT_FRESH_RESOLVE="1", VLLM_COMPAT_RECORD_SETS="1")
+    return _run_matrix(session, [c for c in cells if c["id"] in moved], "nox -s refresh: cells whose tested set moved")
 
 
 @nox.session(python=False)

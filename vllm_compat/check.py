@@ -14,6 +14,10 @@ import does not start, even when ``import vllm_omni`` works (vllm-omni 0.24.0 on
 reaches a module vLLM 0.25 removed; on 0.29+ a module its diffusion worker imports is gone). The verdict
 names each; it says WORKS only when all of them start.
 
+With both inputs from the index it also resolves the pair with uv as a user would install it, lists every wheel
+the resolver picked by HTTP range requests and names the files two of them both install, with the override that
+removes each (``resolution.py``; ``--no-resolve`` skips it, and local wheels or trees never resolve).
+
 Exit codes, as the doctor's: 0 it works (natively or with the shim), 1 it will not start (or a target is
 refused), 2 usage: a version that does not exist, no network, a file that is not a vLLM / vllm-omni wheel.
 """
@@ -29,6 +33,9 @@ from pathlib import Path
 
 from .detect.source_tree import SourceTree
 from .detect.wheels import PACKAGES, WheelError, fetch_wheel, newest_version, normalize_distribution
+
+# set to 1, check resolves nothing (as --no-resolve); the test suite sets it, the resolution's own tests unset it
+NO_RESOLVE_VAR = "VLLM_COMPAT_NO_RESOLVE"
 
 
 @dataclass(frozen=True)
@@ -165,10 +172,37 @@ class CheckResult:
     def exit_code(self) -> int:
         return self.report.exit_code
 
+    @property
+    def tested_set(self):
+        """The exact set a matrix cell of this pair passed with (``tested_sets.for_pair``); None where none is."""
+        from .tested_sets import for_pair
+
+        versions = self.report.static.versions
+        return for_pair(versions.get("vllm"), versions.get("vllm-omni"))
+
+    def tested_set_line(self) -> str | None:
+        """The report's line on the tested install: the cell whose exact set ``--constraints`` writes; or the cells
+        of the pair that have none recorded yet; None where no cell tests the pair."""
+        from .detect.versions import cells_testing
+
+        tested = self.tested_set
+        if tested is not None:
+            return (f"  tested install: the {len(tested.pins)} versions cell {tested.cell} passed with "
+                    f"({tested.passed}): --constraints FILE writes them")
+        versions = self.report.static.versions
+        cells = cells_testing(versions.get("vllm"), versions.get("vllm-omni"))
+        if versions.get("vllm-omni") and cells:
+            return f"  tested install: cell {cells[0]} tests this pair; its exact versions are not recorded yet"
+        return None
+
     def to_dict(self) -> dict:
         drift = self.report.import_drift
         data = self.report.to_dict()
         data["mode"] = "check"
+        tested = self.tested_set
+        data["tested_set"] = None if tested is None else {
+            "cell": tested.cell, "pair": tested.pair, "torch": tested.torch, "passed": tested.passed,
+            "pins": list(tested.pins)}
         data["inputs"] = {"vllm": self.vllm.to_dict(), "vllm_omni": self.omni.to_dict()}
         data["dependency_drift"] = self.dependencies.to_dict() if self.dependencies is not None else None
         data["still_blocking"] = {
@@ -179,8 +213,10 @@ class CheckResult:
         return data
 
 
-def run(vllm: CheckInput, omni: CheckInput) -> CheckResult:
-    """Scan both inputs statically and judge them; see the module docstring."""
+def run(vllm: CheckInput, omni: CheckInput, resolve: bool = False) -> CheckResult:
+    """Scan both inputs statically and judge them; see the module docstring. With ``resolve``, and both inputs
+    from the index, the pair is also resolved with uv and its wheels' files compared (``resolution.resolve_pair``:
+    ``dependencies.resolution``)."""
     from .config import read_controls
     from .decide import plan
     from .detect.static import SiteFacts, StaticSite
@@ -202,6 +238,13 @@ def run(vllm: CheckInput, omni: CheckInput) -> CheckResult:
     online = "downloaded" in (vllm.source, omni.source) or "cache" in (vllm.source, omni.source)
     dependencies = check_dependency_drift(vllm.tree, vllm.distribution, omni.tree, omni.distribution,
                                           offline=not online)
+    from_index = {vllm.source, omni.source} <= {"downloaded", "cache"}  # local wheels / trees: offline, not resolved
+    if resolve and from_index and dependencies is not None and vllm.version and omni.version:
+        from .resolution import resolve_pair
+
+        dependencies.resolution = resolve_pair(
+            [f"{vllm.distribution}=={vllm.version}", f"{omni.distribution}=={omni.version}"],
+            dependencies.override_lines)
     return CheckResult(vllm=vllm, omni=omni, report=report, dependencies=dependencies)
 
 
@@ -224,6 +267,7 @@ def render(result: CheckResult, verbose: bool = False, width: int | None = None)
                   None: ""}[is_tested_vllm(versions.get("vllm"))]
         head = [f"vllm-compat check: vllm {versions.get('vllm') or '?'}{tested} + vllm-omni "
                 f"{versions.get('vllm-omni') or '?'} (read from the wheels, nothing installed)"]
+        head += [line] if (line := result.tested_set_line()) else []
         return render_summary(result.report, head, result.dependencies, width or SHORT_WIDTH)
 
     report, versions = result.report, result.report.static.versions
@@ -263,6 +307,8 @@ def render(result: CheckResult, verbose: bool = False, width: int | None = None)
         lines += ["", *render_entrypoints(drift, "    ")]
     if result.dependencies is not None:
         lines += ["", *result.dependencies.render_lines()]
+    if line := result.tested_set_line():
+        lines += ["", line]
     lines += ["", f"  verdict: {report.verdict().text}"]
     return "\n".join(lines)
 
@@ -273,7 +319,8 @@ def run_check(args) -> int:
     stderr line says which do; ``--json`` then holds the gate under ``require``."""
     try:
         vllm, omni = resolve_inputs(list(args.specs), newest=args.newest)
-        result = run(vllm, omni)
+        resolve = not getattr(args, "no_resolve", False) and os.environ.get(NO_RESOLVE_VAR, "") != "1"
+        result = run(vllm, omni, resolve=resolve)
     except WheelError as exc:
         print(f"vllm-compat check: {exc}", file=sys.stderr)
         if args.json:
@@ -300,4 +347,16 @@ def run_check(args) -> int:
         count = write_overrides(args.overrides, result.dependencies)
         print(f"vllm-compat check: {count} override line(s) written to {args.overrides} "
               f"(uv pip install ... --override {args.overrides})", file=sys.stderr)
+    if getattr(args, "constraints", None):
+        tested = result.tested_set
+        if tested is None:
+            print(f"vllm-compat check: no matrix cell of this pair has recorded the exact versions it passed with; "
+                  f"{args.constraints} not written ({(result.tested_set_line() or 'no cell tests the pair').strip()})",
+                  file=sys.stderr)
+            return 2
+        from pathlib import Path
+
+        Path(args.constraints).write_text(tested.constraints_text())
+        print(f"vllm-compat check: cell {tested.cell}'s {len(tested.pins)} versions written to {args.constraints} "
+              f"(uv pip install {tested.pair} -c {args.constraints})", file=sys.stderr)
     return answer.exit_code if answer is not None else result.exit_code

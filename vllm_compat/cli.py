@@ -160,9 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="vllm==X and optionally vllm-omni==Y (default: the vllm-omni installed here); each may "
                             "also be a wheel file, an unpacked tree or a site-packages (offline)")
     check.add_argument("--newest", action="store_true", help="check the newest vLLM on the index")
+    check.add_argument("--no-resolve", action="store_true",
+                       help="do not resolve the pair with uv nor list its wheels' files (offline use; local wheels "
+                            "and trees never resolve)")
     check.add_argument("--overrides", metavar="FILE", default=None,
-                       help="write the override lines that resolve the pair's dependency conflicts to FILE, for "
-                            "`uv pip install vllm==X vllm-omni==Y --override FILE` (docs/dependency-drift.md)")
+                       help="write the override lines that resolve the pair's dependency conflicts and the file "
+                            "clashes of its resolution to FILE, for `uv pip install vllm==X vllm-omni==Y --override "
+                            "FILE` (docs/dependency-drift.md)")
+    check.add_argument("--constraints", metavar="FILE", default=None,
+                       help="write the exact versions a matrix cell of the pair passed with to FILE, for "
+                            "`uv pip install vllm==X vllm-omni==Y -c FILE` (exit 2 where no cell recorded them)")
     _add_require(check)
     _add_screen(check)
     plan = _command(commands, "plan", _plan, "how far can vllm-omni X follow vLLM? checks it on the newest patch of "
