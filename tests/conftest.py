@@ -12,6 +12,10 @@ import pytest
 from tests.support.warm_python import WARM
 from vllm_compat.detect.versions import installed_version
 
+# `vllm-compat check vllm==X vllm-omni==Y` resolves the pair with uv and lists its wheels over the network
+# (vllm_compat/resolution.py): the suite's many checks leave it out; tests/test_resolution.py turns it back on.
+os.environ.setdefault("VLLM_COMPAT_NO_RESOLVE", "1")
+
 VLLM_VERSION = installed_version("vllm")
 OMNI_VERSION = installed_version("vllm-omni")
 

@@ -35,6 +35,7 @@ CORE_VARS = (DISABLE_VAR, STRICT_VAR, DISABLE_PATCHES_VAR)
 TOOLING_VARS = frozenset({
     "VLLM_COMPAT_CACHE_DIR",  # detect/fact_cache.py: where static facts are cached
     "VLLM_COMPAT_WHEEL_CACHE",  # detect/wheels.py: where `check` keeps wheels
+    "VLLM_COMPAT_NO_RESOLVE",  # check.py: 1 = no resolution with uv (as --no-resolve); the test suite sets it
     "VLLM_COMPAT_CELL", "VLLM_COMPAT_CELLS",  # noxfile.py: the matrix cell running / the cells to run
     "VLLM_COMPAT_ROTATION", "VLLM_COMPAT_ROTATION_SEED",  # noxfile.py: CI's rotating share of the cells
     "VLLM_COMPAT_TORCH", "VLLM_COMPAT_FIND_LINKS",  # noxfile.py: the torch a cell gets, and where to find it

@@ -98,6 +98,9 @@ class DependencyDrift:
     # Files two installed distributions both own (detect.file_owners.FileOwners; the doctor's only): a callable is
     # called on first use, by render_lines / to_dict (--verbose, --json), never by the short screen's fields.
     _file_clashes: object = field(default=None, repr=False)
+    # check's only: the pair resolved with uv, its wheels listed, the files two of them both install
+    # (resolution.Resolution); None when not resolved (--no-resolve, offline inputs)
+    resolution: object = None
 
     @property
     def file_clashes(self):
@@ -111,6 +114,14 @@ class DependencyDrift:
         return [c.override for c in self.conflicts if c.override]
 
     @property
+    def breakage_lines(self) -> list[str]:
+        """The override lines the resolution's file clashes name (``resolution.Resolution.override_lines``), each
+        not already among ``override_lines``."""
+        if self.resolution is None:
+            return []
+        return [line for line in self.resolution.override_lines if line not in self.override_lines]
+
+    @property
     def ok(self) -> bool:
         return not self.conflicts
 
@@ -119,7 +130,9 @@ class DependencyDrift:
                 "plugin": {"name": self.plugin[0], "version": self.plugin[1]},
                 "conflicts": [c.to_dict() for c in self.conflicts], "overrides": self.override_lines,
                 "pinned_read": list(self.pinned_read), "unread": dict(self.unread),
-                "file_clashes": file_clashes_dict(self.file_clashes) if self.file_clashes is not None else None}
+                "file_clashes": file_clashes_dict(self.file_clashes) if self.file_clashes is not None else None,
+                "breakage_overrides": self.breakage_lines,
+                "resolution": self.resolution.to_dict() if self.resolution is not None else None}
 
     def render_lines(self, indent: str = "  ") -> list[str]:
         """The check's and the doctor's lines."""
@@ -144,6 +157,12 @@ class DependencyDrift:
             lines.append(f"{indent}  not read: {package} ({why})")
         if self.file_clashes is not None:
             lines += file_clash_lines(self.file_clashes, indent)
+        if self.resolution is not None:
+            lines += self.resolution.render_lines(indent)
+            if self.breakage_lines and self.ok:
+                lines.append(f"{indent}  install: `vllm-compat check ... --overrides FILE` writes the line(s), then "
+                             f"`uv pip install {self.host[0]}=={self.host[1]} {self.plugin[0]}=={self.plugin[1]} "
+                             f"--override FILE`")
         return lines
 
 
@@ -376,16 +395,23 @@ def installed_dependency_drift(host: str | None = None, plugin: str | None = Non
 
 
 def write_overrides(path, drift: DependencyDrift) -> int:
-    """Write ``drift``'s override lines to ``path`` (one a line, a comment per line saying why); returns how many."""
+    """Write ``drift``'s override lines to ``path`` (one a line, a comment per line saying why): the dependency
+    conflicts', then those the resolution's file clashes name (``breakage_lines``); returns how many."""
     lines = [f"# vllm-compat check: {' '.join(drift.host)} + {' '.join(drift.plugin)}; "
              f"use with `uv pip install --override {path}`"]
     for c in drift.conflicts:
         if c.override:
             lines += [f"# {c.describe()}", c.override]
+    for line in drift.breakage_lines:
+        for finding in drift.resolution.findings:
+            if finding.fix == line:
+                lines += [f"# file clash: {finding.clash.describe()}", f"# known_clashes: {finding.row.reason}"]
+                break
+        lines.append(line)
     from pathlib import Path
 
     Path(path).write_text("\n".join(lines) + "\n")
-    return len(drift.override_lines)
+    return len(drift.override_lines) + len(drift.breakage_lines)
 
 
 def check_dependency_drift(host_tree, host: str, plugin_tree, plugin: str, offline: bool = False):

@@ -477,7 +477,8 @@ def _compat_lines(patches, width: int) -> list[str]:
 
 
 def _dependency_lines(dependencies, width: int) -> list[str]:
-    """The conflicts' overrides (tested or not) and the install command; "no conflict" when there is none."""
+    """The conflicts' overrides (tested or not), the resolution's line (check: the files two resolved wheels both
+    install, the override each takes) and the install command; "no conflict" when there is none."""
     if dependencies.ok:
         lines = ["  dependencies: no conflict"]
     else:
@@ -489,12 +490,16 @@ def _dependency_lines(dependencies, width: int) -> list[str]:
         count = len(dependencies.conflicts)
         lines = _wrap(f"  dependencies: {count} conflict{'s' if count > 1 else ''} a resolver will hit; "
                       f"override{'s' if len(items) > 1 else ''}: {'; '.join(items)}", width, "    ")
-        if dependencies.override_lines and not any(c.installed for c in dependencies.conflicts):
-            (host, host_version), (plugin, plugin_version) = dependencies.host, dependencies.plugin
-            pair = f"{host}=={host_version} {plugin}=={plugin_version}"
-            lines += [*_wrap(f"    install: uv pip install {pair} --override overrides.txt", width, "      "),
-                      *_wrap(f"      (overrides.txt: vllm-compat check {pair} --overrides overrides.txt)", width,
-                             "       ")]
+    resolution = getattr(dependencies, "resolution", None)
+    if resolution is not None:
+        lines.append(_fit(resolution.short_line(), width))
+    breakage = getattr(dependencies, "breakage_lines", [])
+    if (dependencies.override_lines or breakage) and not any(c.installed for c in dependencies.conflicts):
+        (host, host_version), (plugin, plugin_version) = dependencies.host, dependencies.plugin
+        pair = f"{host}=={host_version} {plugin}=={plugin_version}"
+        lines += [*_wrap(f"    install: uv pip install {pair} --override overrides.txt", width, "      "),
+                  *_wrap(f"      (overrides.txt: vllm-compat check {pair} --overrides overrides.txt)", width,
+                         "       ")]
     if dependencies.unread:
         lines.append(_fit(f"    not read: {_first(sorted(dependencies.unread))} (--verbose)", width))
     return lines

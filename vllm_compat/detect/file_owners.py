@@ -27,6 +27,11 @@ reading them is the cost (~50 ms on an idle core, 90-250 ms on this 2-core machi
 each line is cut at its first comma without the csv module, only ``../`` paths are normalized, and only the few
 RECORDs of clashing distributions are read a second time (with csv) for their hashes. The doctor asks for it
 only where it prints it (``dependency_drift.DependencyDrift.file_clashes``: --verbose and --json).
+
+Before anything is installed (``vllm-compat check``'s resolution, ``resolution.py``), the same rules apply to the
+file listings of the wheels a resolver picked (``find_listing_clashes``; ``detect.wheel_listing`` reads them
+from the zip's central directory): ``is_left_out`` is the one rule for what is no file to compare, and a wheel's
+``<name>.data/<scheme>/`` paths are keyed where an install writes them (``wheel_path_key``).
 """
 
 from __future__ import annotations
@@ -38,8 +43,40 @@ from dataclasses import dataclass, field
 
 FIRST_PATHS = 5  # paths shown per clash
 PROBE_MAX_BYTES = 1 << 20  # the largest shared file hashed to decide whose bytes are on disk
+# Where a wheel's ``<name>-<version>.data/<scheme>/`` files land, written as an installed RECORD in a venv writes
+# them relative to its site directory (lib/pythonX.Y/site-packages, three levels below the prefix): purelib and
+# platlib into the site directory itself, the rest under the prefix ({name}: the distribution's, for headers).
+DATA_SCHEMES = {"purelib": "", "platlib": "", "scripts": "../../../bin/", "data": "../../../",
+                "headers": "../../../include/site/{name}/"}
 
 
+def is_left_out(path: str) -> bool:
+    """The module's rule for a RECORD or wheel path that is no file to compare: a ``*.pyc``, anything under
+    ``__pycache__/`` and anything inside a ``*.dist-info/`` (``detect.wheel_listing`` applies it too)."""
+    return path[-4:] == ".pyc" or "__pycache__/" in path or ".dist-info/" in path
+
+
+def wheel_path_key(path: str) -> str | None:
+    """Where a wheel's archive path lands, as the RECORD path an install writes for it (``name-1.0.data/purelib/x``
+    -> ``x``, ``name-1.0.data/scripts/x`` -> ``../../../bin/x``, ``DATA_SCHEMES``); None for a path
+    ``is_left_out`` leaves out, a directory entry, and a ``.data`` path of no known scheme."""
+    if not path or path[-1:] == "/" or is_left_out(path):
+        return None
+    top, _, rest = path.partition("/")
+    if not top.endswith(".data") or not rest:
+        return path
+    scheme, _, inside = rest.partition("/")
+    if scheme not in DATA_SCHEMES or not inside:
+        return None
+    name = top[: -len(".data")].rpartition("-")[0] or top[: -len(".data")]
+    return os.path.normpath(DATA_SCHEMES[scheme].format(name=_canonical(name)) + inside)
+
+
+def shown_path(key: str) -> str:
+    """A wheel key as the report shows it: ``../../../bin/x`` -> ``bin/x``."""
+    while key.startswith("../"):
+        key = key[3:]
+    return key
 
 
 def _canonical(name: str) -> str:
@@ -52,7 +89,7 @@ class Distribution:
 
     name: str
     version: str
-    dist_info: str  # the directory's full path
+    dist_info: str  # the directory's full path (of a wheel not installed: its file name)
 
     @property
     def label(self) -> str:
@@ -84,6 +121,8 @@ class FileClash:
         if self.on_disk in (self.first.name, self.second.name):
             loser = self.second if self.on_disk == self.first.name else self.first
             return f"{self.on_disk}'s bytes are on disk ({self.probe}); {loser.label}'s are overwritten"
+        if self.probe == NOT_INSTALLED:
+            return "not installed yet: the install order decides whose bytes stay"
         if self.on_disk == "neither":
             return f"neither's bytes are on disk ({self.probe}: modified after install)"
         return f"whose bytes are on disk not decided ({self.probe})"
@@ -252,7 +291,7 @@ def find_file_clashes(sites: list[str] | None = None) -> FileOwners:
             dists.append(_distribution(meta))
             site_of[meta] = site
             for path in _record_paths(text):  # the hot loop: ~60k paths in a cell env
-                if not path or path[-4:] == ".pyc" or "__pycache__/" in path or ".dist-info/" in path:
+                if not path or is_left_out(path):
                     continue
                 if path[:1] in (".", "/"):
                     key = os.path.normpath(os.path.join(site, path))
@@ -264,15 +303,53 @@ def find_file_clashes(sites: list[str] | None = None) -> FileOwners:
                         key = f"{site}/{path}"
                 if first != index:
                     shared.setdefault(key, {first}).add(index)
+    clashes = [_compare(dists[a], dists[b], site_of, keys) for (a, b), keys in _pairs(dists, shared).items()]
+    clashes.sort(key=lambda c: (c.first.name, c.first.version, c.second.name, c.second.version))
+    return FileOwners(tuple(sites), len(dists), clashes, unread)
+
+
+def _pairs(dists: list[Distribution], shared: dict[str, set[int]]) -> dict[tuple[int, int], list[str]]:
+    """``{(a, b): [key, ...]}``: each pair of distributions (indexes into ``dists``, ordered by name and version)
+    with the keys both own, from ``shared`` (``{key: indexes of every owner}``)."""
     pairs: dict[tuple[int, int], list[str]] = {}
     for key, owners in shared.items():
         ordered = sorted(owners, key=lambda i: (dists[i].name, dists[i].version, i))
         for i, a in enumerate(ordered):
             for b in ordered[i + 1:]:
                 pairs.setdefault((a, b), []).append(key)
-    clashes = [_compare(dists[a], dists[b], site_of, keys) for (a, b), keys in pairs.items()]
+    return pairs
+
+
+NOT_INSTALLED = "not installed: the install order decides"
+
+
+def find_listing_clashes(listings) -> list[FileClash]:
+    """The clashes among wheels not installed yet: ``listings`` is ``[(Distribution, {archive path: CRC-32})]``
+    (``detect.wheel_listing``); each path is keyed by where it lands (``wheel_path_key``, the module's rules), one
+    ``FileClash`` per pair as ``find_file_clashes`` reports them, ``differing`` by the zip's CRC-32 instead of the
+    RECORD's sha256, and ``on_disk`` None (nothing is on disk yet)."""
+    dists = [dist for dist, _ in listings]
+    first: dict[str, int] = {}
+    shared: dict[str, set[int]] = {}
+    crcs: list[dict[str, int | None]] = []
+    for index, (_, files) in enumerate(listings):
+        keyed = {}
+        for path, crc in files.items():
+            key = wheel_path_key(path)
+            if key is None or key in keyed:
+                continue
+            keyed[key] = crc
+            owner = first.setdefault(key, index)
+            if owner != index:
+                shared.setdefault(key, {owner}).add(index)
+        crcs.append(keyed)
+    clashes = []
+    for (a, b), keys in _pairs(dists, shared).items():
+        differ = sum(1 for k in keys if crcs[a][k] is None or crcs[a][k] != crcs[b][k])
+        shown = tuple(shown_path(k) for k in sorted(keys)[:FIRST_PATHS])
+        clashes.append(FileClash(dists[a], dists[b], len(keys), shown, differ, None, NOT_INSTALLED))
     clashes.sort(key=lambda c: (c.first.name, c.first.version, c.second.name, c.second.version))
-    return FileOwners(tuple(sites), len(dists), clashes, unread)
+    return clashes
 
 
 def _unread_why(meta: str, why: str) -> str:

@@ -1,0 +1,503 @@
+"""Resolver-made breakage, found before install: resolve the pair as a user would, list every wheel the resolver
+picked without downloading it, and name each pair of distributions that install the same file.
+
+A resolver checks names and ranges, not files: ``uv pip compile vllm==0.33.0 vllm-omni==0.24.0`` picks
+cuda-python 12.6.2.post1 (an old monolithic wheel) beside cuda-bindings 13.5.0, and both write the same 28 files
+(docs/dependency-drift.md). ``vllm-compat check`` finds this class here:
+
+1. ``compile``: ``uv pip compile`` of the pair with the override lines check already suggests (the dependency
+   conflicts'), for this interpreter (``--python sys.executable``: its version and platform tags), against uv's
+   own index configuration (PyPI unless the user configured uv otherwise; uv does not read pip's), as
+   ``pylock.toml``: every package with its wheels' URLs, hashes and sizes. No uv on PATH: skipped, and said so. A
+   resolution that fails is itself a finding: uv's reason in one line, and the pins the index lacks
+   (``missing``: vLLM 0.34.0's ``flashinfer-python==0.7.3`` on 2026-12-05). Kept per (requirements, override
+   lines, this interpreter's best tag, uv's index variables, UTC date) in ``resolutions/`` of the check's wheel
+   cache: the set moves daily, so a resolution is good for the day it was made.
+2. ``detect.wheel_listing``: each package's wheel for this interpreter (the one an installer picks: the best
+   ``packaging.tags.sys_tags`` match) is listed by HTTP range requests on its zip's end, concurrently, cached per
+   sha256. A package with no wheel (an sdist, built at install) is named, not listed.
+3. ``detect.file_owners.find_listing_clashes``: the pairs owning one file, by the same rules as the installed
+   side, with how many shared files differ by CRC-32; each judged by its ``known_clashes`` row: an override line
+   (written by ``check --overrides`` beside the conflict overrides, each with its reason), harmless, harmless once
+   one side is reinstalled (``wins``), or unknown. When overrides are named, the pair is resolved again with them
+   and listed (``fix``): the suggestion is checked, not assumed.
+
+What this does not change: the verdict and exit code, as for dependency conflicts (they say whether the pair
+starts once installed as check says; the dependency lines say what installing takes). An unknown clash, or a
+pair that does not resolve, is said on the short screen's ``resolved`` line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESOLUTION_FORMAT = 2  # bump when the cached file's shape changes
+UV_TIMEOUT_S = 600
+# uv's index settings a user may have set: part of the cache key (another index, another resolution)
+UV_INDEX_VARS = ("UV_INDEX", "UV_DEFAULT_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS",
+                 "UV_INDEX_STRATEGY", "UV_PRERELEASE", "UV_EXCLUDE_NEWER", "UV_CONFIG_FILE", "UV_NO_CONFIG")
+# uv's words for "the index could not be reached"
+_UV_NETWORK = re.compile(r"error sending request|dns error|Could not connect|Connection refused|failed to lookup "
+                         r"address|Network is unreachable|operation timed out|tcp connect error|Failed to fetch",
+                         re.I)
+_NAME = r"([A-Za-z0-9][A-Za-z0-9._-]*?)"
+_SPEC = r"((?:===|==|!=|~=|<=|>=|<|>)[^\s,]+)?"
+_MISSING = (re.compile(rf"there is no version of {_NAME}{_SPEC}(?=[\s,])"),
+            re.compile(rf"\b{_NAME}{_SPEC} was not found in the (?:package registry|provided package locations)"),
+            re.compile(rf"only {_NAME}(?:[<>=!~]=?)[^\s,]+ (?:is|are) available"))
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# ------------------------------------------------------------------------------------------------ step 1: uv
+
+
+@dataclass
+class Compiled:
+    """One ``uv pip compile``: ``status`` "resolved" (``packages``: [(name, version, RemoteWheel or None)]),
+    "unresolvable" (``reason``, ``missing``), "failed" (uv could not run or reach the index: ``reason``) or
+    "skipped" (``reason``: no uv, no TOML reader)."""
+
+    status: str
+    command: list[str]
+    requirements: list[str]
+    overrides: list[str]
+    packages: list = field(default_factory=list)
+    reason: str | None = None
+    missing: list[str] = field(default_factory=list)
+    uv: str | None = None  # `uv --version`
+    date: str | None = None  # the UTC day it was made
+    seconds: float = 0.0
+    cached: bool = False
+
+    @property
+    def wheels(self) -> list:
+        return [wheel for _, _, wheel in self.packages if wheel is not None]
+
+    @property
+    def no_wheel(self) -> list[str]:
+        """The packages resolved to an sdist only (built at install: their files are not known before)."""
+        return [f"{name} {version}" for name, version, wheel in self.packages if wheel is None]
+
+    def version_of(self, name: str) -> str | None:
+        return next((v for n, v, _ in self.packages if n == _canonical(name)), None)
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "command": " ".join(self.command), "requirements": self.requirements,
+                "overrides": self.overrides, "reason": self.reason, "missing": self.missing, "uv": self.uv,
+                "date": self.date, "resolved": len(self.packages),
+                "packages": {name: version for name, version, _ in self.packages}, "no_wheel": self.no_wheel,
+                "resolve_seconds": round(self.seconds, 3), "cached": self.cached}
+
+
+def _toml_loads():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError:
+            return None
+    return tomllib.loads
+
+
+def _best_wheel(name: str, version: str, wheels: list[dict]):
+    """The wheel an installer picks for this interpreter: the one with the best-ranked tag of
+    ``packaging.tags.sys_tags`` (None when none of them is for it)."""
+    from packaging.tags import sys_tags
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    from .detect.wheel_listing import RemoteWheel
+
+    rank = {tag: i for i, tag in enumerate(sys_tags())}
+    best, best_rank = None, len(rank)
+    for wheel in wheels:
+        url = wheel.get("url")
+        if not url:
+            continue
+        try:
+            tags = parse_wheel_filename(url.rsplit("/", 1)[-1].split("#", 1)[0])[3]
+        except InvalidWheelFilename:
+            continue
+        score = min((rank.get(tag, len(rank)) for tag in tags), default=len(rank))
+        if score < best_rank:
+            best, best_rank = wheel, score
+    if best is None:
+        return None
+    return RemoteWheel(name, version, best["url"], (best.get("hashes") or {}).get("sha256"), best.get("size"))
+
+
+def parse_pylock(text: str, loads=None) -> list:
+    """``[(name, version, RemoteWheel or None)]`` of a pylock.toml's packages (canonical names, sorted)."""
+    loads = loads or _toml_loads()
+    data = loads(text)
+    found = []
+    for package in data.get("packages", []):
+        name, version = _canonical(package["name"]), str(package.get("version", "?"))
+        found.append((name, version, _best_wheel(name, version, package.get("wheels") or [])))
+    return sorted(found, key=lambda item: item[0])
+
+
+def _missing(text: str) -> list[str]:
+    """The requirements the index has no release for, from uv's explanation: ``flashinfer-python==0.7.3``."""
+    found = []
+    for pattern in _MISSING:
+        for match in pattern.finditer(text):
+            name = match.group(1)
+            spec = match.group(2) if pattern.groups > 1 else None
+            if not spec:  # "only NAME<=X is available and ... depends on NAME==Y": the pin asked for
+                asked = re.search(rf"depends on {re.escape(name)}{_SPEC}", text)
+                spec = asked.group(1) if asked else ""
+            item = f"{_canonical(name)}{spec or ''}"
+            if item not in found:
+                found.append(item)
+    return found
+
+
+def _reason(stderr: str) -> str:
+    """uv's error in one line: its first ``Because ...`` sentence, else its last ``error:`` line, else the last
+    line."""
+    text = " ".join(line.strip().lstrip("╰─▶×").strip() for line in stderr.splitlines() if line.strip())
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    because = re.search(r"Because .*?(?:\.(?=\s|$)|$)", text)
+    if because:
+        return because.group(0)
+    errors = [line.strip() for line in stderr.splitlines() if line.strip().startswith("error:")]
+    return errors[-1] if errors else (stderr.strip().splitlines() or ["no output"])[-1].strip()
+
+
+def uv_path() -> str | None:
+    return shutil.which("uv")
+
+
+def _cache_key(requirements: list[str], overrides: list[str], date: str) -> str:
+    from packaging.tags import sys_tags
+
+    env = {var: os.environ[var] for var in UV_INDEX_VARS if os.environ.get(var)}
+    material = json.dumps([RESOLUTION_FORMAT, requirements, sorted(overrides), date, str(next(iter(sys_tags()))),
+                           env], sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()[:24]
+
+
+def compile_pair(requirements: list[str], overrides: list[str], directory: Path | None = None,
+                 timeout: float = UV_TIMEOUT_S) -> Compiled:
+    """``uv pip compile`` of ``requirements`` with ``overrides`` (see the module docstring); the day's cached
+    answer when there is one."""
+    from datetime import datetime, timezone
+
+    from .detect.wheels import cache_dir
+
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    shown = ["uv", "pip", "compile", "requirements.in", *(["--override", "overrides.txt"] if overrides else []),
+             "--format", "pylock.toml", "--python", sys.executable]
+    uv = uv_path()
+    if uv is None:
+        return Compiled("skipped", shown, requirements, overrides, date=date,
+                        reason="uv is not on PATH (install it: `pip install uv`); the pair was not resolved")
+    loads = _toml_loads()
+    if loads is None:
+        return Compiled("skipped", shown, requirements, overrides, date=date,
+                        reason="reading uv's pylock.toml needs Python 3.11 (tomllib) or the tomli package")
+    path = (cache_dir() if directory is None else Path(directory)) / "resolutions" / \
+        f"{_cache_key(requirements, overrides, date)}.json"
+    try:
+        cached = json.loads(path.read_text())
+        if cached.get("format") == RESOLUTION_FORMAT:
+            return _from_cache(cached, shown, requirements, overrides)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    start = time.perf_counter()
+    version = subprocess.run([uv, "--version"], capture_output=True, text=True).stdout.strip() or None
+    with tempfile.TemporaryDirectory(prefix="vllm-compat-resolve-") as tmp:
+        work = Path(tmp)
+        (work / "requirements.in").write_text("\n".join(requirements) + "\n")
+        command = [uv, "pip", "compile", "requirements.in", "--format", "pylock.toml", "-o", "pylock.toml",
+                   "--python", sys.executable, "--no-header", "--no-progress", "--color", "never"]
+        if overrides:
+            (work / "overrides.txt").write_text("\n".join(overrides) + "\n")
+            command[4:4] = ["--override", "overrides.txt"]
+        try:  # in a directory of its own: no project's pyproject.toml / uv.toml around it is read
+            result = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return Compiled("failed", shown, requirements, overrides, uv=version, date=date,
+                            seconds=time.perf_counter() - start, reason=f"uv did not finish in {timeout:.0f} s")
+        except OSError as exc:
+            return Compiled("failed", shown, requirements, overrides, uv=version, date=date,
+                            reason=f"uv could not run: {exc}")
+        seconds = time.perf_counter() - start
+        if result.returncode != 0 or not (work / "pylock.toml").is_file():
+            missing = _missing(result.stderr)
+            network = bool(_UV_NETWORK.search(result.stderr)) and not missing
+            compiled = Compiled("failed" if network or "No solution found" not in result.stderr else "unresolvable",
+                                shown, requirements, overrides, reason=_reason(result.stderr), missing=missing,
+                                uv=version, date=date, seconds=seconds)
+        else:
+            packages = parse_pylock((work / "pylock.toml").read_text(), loads)
+            compiled = Compiled("resolved", shown, requirements, overrides, packages=packages, uv=version,
+                                date=date, seconds=seconds)
+    if compiled.status != "failed":  # a failure to reach the index is not the day's answer
+        _write_json(path, {"format": RESOLUTION_FORMAT, **compiled.to_dict(),
+                           "wheels": {w.name: w.to_dict() for w in compiled.wheels}})
+    return compiled
+
+
+def _from_cache(data: dict, shown, requirements, overrides) -> Compiled:
+    from .detect.wheel_listing import RemoteWheel
+
+    wheels = {name: RemoteWheel(**w) for name, w in data.get("wheels", {}).items()}
+    packages = [(name, version, wheels.get(name)) for name, version in sorted(data.get("packages", {}).items())]
+    return Compiled(data["status"], shown, requirements, overrides, packages=packages, reason=data.get("reason"),
+                    missing=list(data.get("missing", [])), uv=data.get("uv"), date=data.get("date"),
+                    seconds=data.get("resolve_seconds", 0.0), cached=True)
+
+
+def _write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=".partial-", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle)
+    os.replace(partial, path)
+
+
+# ------------------------------------------------------------------------------------------------ steps 2-3
+
+
+@dataclass(frozen=True)
+class ClashFinding:
+    """One pair of resolved wheels installing the same files, with its ``known_clashes`` row and what it takes:
+    ``action`` "override" (``row.override``), "harmless", "reinstall" (harmless once ``fix`` is reinstalled after
+    the install: an overlay, ``KnownClash.wins``), "not_harmless" (a harmless row whose condition fails here: a
+    missing library) or "unknown" (no row)."""
+
+    clash: object  # detect.file_owners.FileClash
+    row: object = None  # known_clashes.KnownClash
+    action: str = "unknown"
+    fix: str | None = None  # the override line, or the requirement to reinstall
+
+    @property
+    def handled(self) -> bool:
+        return self.action in ("override", "harmless", "reinstall")
+
+    def pair(self) -> str:
+        return f"{self.clash.first.label} / {self.clash.second.label}"
+
+    def resolution(self) -> str:
+        reason = f" ({self.row.reason})" if self.row is not None else ""
+        return {
+            "override": f"override: {self.fix}{reason}",
+            "harmless": f"known, harmless{reason}",
+            "reinstall": f"known, harmless once {self.fix} is reinstalled after the install (`uv pip install "
+                         f"--reinstall --no-deps {self.fix}`){reason}",
+            "not_harmless": f"known, NOT harmless here{reason}",
+            "unknown": "UNKNOWN clash: which bytes run depends on install order; check the import that fails, or "
+                       "add a row to vllm_compat/known_clashes.py",
+        }[self.action]
+
+    def to_dict(self) -> dict:
+        return {**self.clash.to_dict(), "known": self.row.to_dict() if self.row is not None else None,
+                "action": self.action, "fix": self.fix, "handled": self.handled, "resolution": self.resolution()}
+
+
+def judge(clash) -> ClashFinding:
+    """``clash``'s row and what it takes (see ``ClashFinding``)."""
+    from .known_clashes import known_clash
+
+    row = known_clash(clash)
+    if row is None:
+        return ClashFinding(clash)
+    if row.override:
+        return ClashFinding(clash, row, "override", row.override)
+    if row.harmless and row.wins is not None:
+        winner = clash.first if clash.first.name == row.wins else clash.second
+        return ClashFinding(clash, row, "reinstall", f"{winner.name}=={winner.version}")
+    if row.is_harmless_for(clash):
+        return ClashFinding(clash, row, "harmless")
+    return ClashFinding(clash, row, "not_harmless")
+
+
+@dataclass
+class Resolved:
+    """One resolution and what its wheels' listings show: the ``Compiled`` answer, the listings' cost, the
+    wheels not listed (``{file name: why}``) and each clash judged."""
+
+    compiled: Compiled
+    listed: int = 0
+    unlisted: dict = field(default_factory=dict)
+    fetched_bytes: int = 0
+    requests: int = 0
+    listings_cached: int = 0
+    list_seconds: float = 0.0
+    findings: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {**self.compiled.to_dict(), "listed": self.listed, "unlisted": dict(self.unlisted),
+                "fetched_bytes": self.fetched_bytes, "requests": self.requests,
+                "listings_cached": self.listings_cached, "list_seconds": round(self.list_seconds, 3),
+                "clashes": [f.to_dict() for f in self.findings]}
+
+
+def resolve_and_list(requirements: list[str], overrides: list[str], directory: Path | None = None) -> Resolved:
+    """Steps 1-3 of the module docstring for one set of override lines."""
+    from .detect.file_owners import Distribution, find_listing_clashes
+    from .detect.wheel_listing import list_wheels
+
+    compiled = compile_pair(requirements, overrides, directory)
+    if compiled.status != "resolved":
+        return Resolved(compiled)
+    wheels = compiled.wheels
+    read = list_wheels(wheels, directory)
+    clashes = find_listing_clashes([(Distribution(item.wheel.name, item.wheel.version, item.wheel.filename),
+                                     item.files) for item in read.listings])
+    return Resolved(compiled, len(read.listings), read.errors, read.fetched_bytes, read.requests, read.cached,
+                    read.seconds, [judge(c) for c in clashes])
+
+
+@dataclass
+class Resolution:
+    """``check``'s resolution of a pair: ``first`` with the conflict overrides alone, and, when its clashes name
+    override lines, ``fix``: the same with those lines added (what the user installs with ``--overrides``)."""
+
+    first: Resolved
+    fix: Resolved | None = None
+    seconds: float = 0.0
+
+    @property
+    def status(self) -> str:
+        return self.first.compiled.status
+
+    @property
+    def findings(self) -> list:
+        return self.first.findings
+
+    @property
+    def override_lines(self) -> list[str]:
+        """The override lines the clashes name (each once), for ``check --overrides``."""
+        lines = []
+        for finding in self.findings:
+            if finding.action == "override" and finding.fix not in lines:
+                lines.append(finding.fix)
+        return lines
+
+    @property
+    def unknown(self) -> list:
+        """The clashes nothing handles: unknown, or a harmless row whose condition fails here."""
+        return [f for f in self.findings if not f.handled]
+
+    def fix_text(self) -> str | None:
+        """What the resolution with the override lines showed: the versions picked for the overridden
+        packages, and the clashes left (None when there was none to try)."""
+        if self.fix is None:
+            return None
+        compiled = self.fix.compiled
+        if compiled.status != "resolved":
+            return f"with {', '.join(self.override_lines)}: {compiled.status}: {compiled.reason}"
+        left = [f for f in self.fix.findings if f.action in ("override", "unknown", "not_harmless")]
+        picked = ", ".join(f"{name} {compiled.version_of(name) or '?'}" for name in
+                           sorted({_canonical(n) for f in self.findings if f.action == "override"
+                                   for n in (f.clash.first.name, f.clash.second.name)}))
+        return (f"with {', '.join(self.override_lines)}: uv picks {picked}; "
+                + ("no clash left that is not harmless" if not left else
+                   "still: " + "; ".join(f"{f.pair()} ({f.action})" for f in left)))
+
+    def fix_ok(self) -> bool | None:
+        if self.fix is None:
+            return None
+        return self.fix.compiled.status == "resolved" and not any(
+            f.action in ("override", "unknown", "not_harmless") for f in self.fix.findings)
+
+    def to_dict(self) -> dict:
+        return {**self.first.to_dict(), "overrides_named": self.override_lines,
+                "fix": {**self.fix.to_dict(), "ok": self.fix_ok(), "text": self.fix_text()} if self.fix else None,
+                "seconds": round(self.seconds, 3)}
+
+    # ---------------------------------------------------------------------------------------- the lines
+
+    def short_line(self) -> str:
+        """The short screen's one line (cut to the width by the caller)."""
+        compiled = self.first.compiled
+        if compiled.status == "skipped":
+            return f"  resolved: not checked ({compiled.reason})"
+        if compiled.status == "failed":
+            return f"  resolved: not checked (uv: {compiled.reason})"
+        if compiled.status == "unresolvable":
+            what = (f"{_first(compiled.missing)} not on the index" if compiled.missing else compiled.reason)
+            return f"  resolved (uv): NO SOLUTION: {what} (--verbose)"
+        head = f"  resolved (uv, {len(compiled.packages)} packages): "
+        if not self.findings:
+            return head + "no two wheels install the same file"
+        parts = []
+        if self.override_lines:
+            count = sum(f.action == "override" for f in self.findings)
+            parts.append(f"{count} file clash{'es' if count > 1 else ''} -> override "
+                         f"{', '.join(self.override_lines)}" + ("" if self.fix_ok() in (True, None) else
+                                                                 " (NOT enough, --verbose)"))
+        unknown = self.unknown
+        if unknown:
+            parts.insert(0, f"{'UNKNOWN' if any(f.action == 'unknown' for f in unknown) else 'NOT HARMLESS'} "
+                            f"file clash {unknown[0].pair()} ({unknown[0].clash.count} files)"
+                         + (f", +{len(unknown) - 1} more" if len(unknown) > 1 else ""))
+        reinstall = [f.fix for f in self.findings if f.action == "reinstall"]
+        if reinstall:
+            parts.append(f"reinstall {', '.join(reinstall)} after")
+        harmless = sum(f.action == "harmless" for f in self.findings)
+        if harmless:
+            parts.append(f"{harmless} harmless")
+        return head + "; ".join(parts)
+
+    def render_lines(self, indent: str = "  ") -> list[str]:
+        """``--verbose``: the command, what it resolved and cost, each clash with its row, the fix checked."""
+        compiled, first = self.first.compiled, self.first
+        when = f"{compiled.uv or 'uv'}, {compiled.date} UTC" + ("; cached" if compiled.cached else "")
+        lines = [f"{indent}resolution: `{' '.join(compiled.command)}` ({when})"]
+        if compiled.status in ("skipped", "failed"):
+            return lines + [f"{indent}  not checked: {compiled.reason}"]
+        if compiled.status == "unresolvable":
+            lines.append(f"{indent}  NO SOLUTION: {compiled.reason}")
+            if compiled.missing:
+                lines.append(f"{indent}  not on the index: {', '.join(compiled.missing)} (a pin the index lacks: "
+                             f"the pair does not install from it as is)")
+            return lines
+        lines.append(f"{indent}  {len(compiled.packages)} packages, {first.listed} wheels listed by range requests "
+                     f"({first.listings_cached} from the cache, {first.fetched_bytes / 1e6:.1f} MB in "
+                     f"{first.requests} requests, {first.list_seconds:.1f} s)"
+                     + (f"; not listed: {', '.join(compiled.no_wheel)} (sdist only)" if compiled.no_wheel else ""))
+        for name, why in sorted(first.unlisted.items()):
+            lines.append(f"{indent}  not listed: {name} ({why})")
+        if not self.findings:
+            lines.append(f"{indent}  files: no two wheels install the same file")
+        for finding in self.findings:
+            lines += [f"{indent}  {finding.clash.describe()}", f"{indent}    {finding.clash.on_disk_text()}",
+                      f"{indent}    -> {finding.resolution()}"]
+        if self.fix is not None:
+            lines.append(f"{indent}  checked: {self.fix_text()}")
+        return lines
+
+
+def _first(items) -> str:
+    items = list(items)
+    return items[0] + (f", +{len(items) - 1} more" if len(items) > 1 else "")
+
+
+def resolve_pair(requirements: list[str], overrides: list[str], directory: Path | None = None) -> Resolution:
+    """The module's three steps for ``requirements`` (``["vllm==0.33.0", "vllm-omni==0.24.0"]``) with the
+    conflict ``overrides``; then, when the clashes name override lines, once more with them added."""
+    start = time.perf_counter()
+    first = resolve_and_list(requirements, overrides, directory)
+    resolution = Resolution(first)
+    named = [line for line in resolution.override_lines if line not in overrides]
+    if named:
+        resolution.fix = resolve_and_list(requirements, [*overrides, *named], directory)
+    resolution.seconds = time.perf_counter() - start
+    return resolution
