@@ -477,10 +477,13 @@ def _compat_lines(patches, width: int) -> list[str]:
 
 
 def _dependency_lines(dependencies, width: int) -> list[str]:
-    """The conflicts' overrides (tested or not), the resolution's line (check: the files two resolved wheels both
-    install, the override each takes) and the install command; "no conflict" when there is none."""
+    """The conflicts' overrides (tested or not), then (check) what uv's resolution of the pair shows
+    (``resolution.Resolution.short_text``: the files two resolved wheels both install, the override each takes),
+    and the install command; "no conflict" when there is none."""
+    resolution = dependencies.resolution
+    resolved = f"; {resolution.short_text()}" if resolution is not None else ""
     if dependencies.ok:
-        lines = ["  dependencies: no conflict"]
+        lines = _wrap(f"  dependencies: no conflict{resolved}", width, "    ")
     else:
         items = []
         for c in dependencies.conflicts:
@@ -489,12 +492,9 @@ def _dependency_lines(dependencies, width: int) -> list[str]:
             items.append(item + (f" [installed: {c.installed}]" if c.installed else ""))
         count = len(dependencies.conflicts)
         lines = _wrap(f"  dependencies: {count} conflict{'s' if count > 1 else ''} a resolver will hit; "
-                      f"override{'s' if len(items) > 1 else ''}: {'; '.join(items)}", width, "    ")
-    resolution = getattr(dependencies, "resolution", None)
-    if resolution is not None:
-        lines.append(_fit(resolution.short_line(), width))
-    breakage = getattr(dependencies, "breakage_lines", [])
-    if (dependencies.override_lines or breakage) and not any(c.installed for c in dependencies.conflicts):
+                      f"override{'s' if len(items) > 1 else ''}: {'; '.join(items)}{resolved}", width, "    ")
+    if ((dependencies.override_lines or dependencies.breakage_lines)
+            and not any(c.installed for c in dependencies.conflicts)):
         (host, host_version), (plugin, plugin_version) = dependencies.host, dependencies.plugin
         pair = f"{host}=={host_version} {plugin}=={plugin_version}"
         lines += [*_wrap(f"    install: uv pip install {pair} --override overrides.txt", width, "      "),

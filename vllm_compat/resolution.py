@@ -24,7 +24,7 @@ cuda-python 12.6.2.post1 (an old monolithic wheel) beside cuda-bindings 13.5.0, 
 
 What this does not change: the verdict and exit code, as for dependency conflicts (they say whether the pair
 starts once installed as check says; the dependency lines say what installing takes). An unknown clash, or a
-pair that does not resolve, is said on the short screen's ``resolved`` line.
+pair that does not resolve, is said on the short screen's dependencies line.
 """
 
 from __future__ import annotations
@@ -424,37 +424,36 @@ class Resolution:
 
     # ---------------------------------------------------------------------------------------- the lines
 
-    def short_line(self) -> str:
-        """The short screen's one line (cut to the width by the caller)."""
+    def short_text(self) -> str:
+        """The short screen's words on it, appended to its dependencies line: what uv resolved, and only what
+        installing takes (an override, a reinstall) or what nothing handles; harmless clashes are counted only
+        where there is nothing else to say (``render_lines`` has each)."""
         compiled = self.first.compiled
         if compiled.status == "skipped":
-            return f"  resolved: not checked ({compiled.reason})"
+            return f"resolution not checked ({compiled.reason})"
         if compiled.status == "failed":
-            return f"  resolved: not checked (uv: {compiled.reason})"
+            return f"resolution not checked (uv: {compiled.reason})"
         if compiled.status == "unresolvable":
-            what = (f"{_first(compiled.missing)} not on the index" if compiled.missing else compiled.reason)
-            return f"  resolved (uv): NO SOLUTION: {what} (--verbose)"
-        head = f"  resolved (uv, {len(compiled.packages)} packages): "
-        if not self.findings:
-            return head + "no two wheels install the same file"
+            what = f"{_first(compiled.missing)} not on the index" if compiled.missing else compiled.reason
+            return f"uv: NO SOLUTION, {what} (--verbose)"
+        head = f"uv resolves {len(compiled.packages)} packages, "
         parts = []
-        if self.override_lines:
-            count = sum(f.action == "override" for f in self.findings)
-            parts.append(f"{count} file clash{'es' if count > 1 else ''} -> override "
-                         f"{', '.join(self.override_lines)}" + ("" if self.fix_ok() in (True, None) else
-                                                                 " (NOT enough, --verbose)"))
         unknown = self.unknown
         if unknown:
-            parts.insert(0, f"{'UNKNOWN' if any(f.action == 'unknown' for f in unknown) else 'NOT HARMLESS'} "
-                            f"file clash {unknown[0].pair()} ({unknown[0].clash.count} files)"
+            kind = "UNKNOWN" if any(f.action == "unknown" for f in unknown) else "NOT HARMLESS"
+            parts.append(f"{kind} file clash {unknown[0].pair()} ({unknown[0].clash.count} files)"
                          + (f", +{len(unknown) - 1} more" if len(unknown) > 1 else ""))
+        if self.override_lines:
+            count = sum(f.action == "override" for f in self.findings)
+            parts.append(f"{count} file clash{'es' if count > 1 else ''} -> override {', '.join(self.override_lines)}"
+                         + ("" if self.fix_ok() in (True, None) else " (NOT enough, --verbose)"))
         reinstall = [f.fix for f in self.findings if f.action == "reinstall"]
         if reinstall:
-            parts.append(f"reinstall {', '.join(reinstall)} after")
+            parts.append(f"then reinstall {', '.join(reinstall)} (overlay)")
+        if parts:
+            return head + "; ".join(parts)
         harmless = sum(f.action == "harmless" for f in self.findings)
-        if harmless:
-            parts.append(f"{harmless} harmless")
-        return head + "; ".join(parts)
+        return head + ("no file clash" + (f" but {harmless} harmless" if harmless else ""))
 
     def render_lines(self, indent: str = "  ") -> list[str]:
         """``--verbose``: the command, what it resolved and cost, each clash with its row, the fix checked."""
