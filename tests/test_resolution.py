@@ -23,6 +23,7 @@ import ctypes.util
 import io
 import json
 import shutil
+import sys
 import urllib.request
 import zipfile
 
@@ -91,6 +92,16 @@ def test_uv_resolves_a_small_real_pair_and_its_wheels_are_listed(tmp_path):
     again = compile_pair(["python-dateutil==2.9.0.post0", "six==1.16.0"], [], tmp_path)
     assert again.cached and again.packages == compiled.packages  # the day's answer, kept
     assert "no file clash" in resolution.short_text()
+
+
+@network
+def test_the_wheel_listed_is_the_one_an_installer_picks(tmp_path):
+    # aiohttp 3.14.5 ships a compiled wheel for this CPython and a pure one (py3-none-any); pip and uv install the
+    # compiled one (the more specific tag), so that is the one to list
+    compiled = compile_pair(["aiohttp==3.14.5"], [], tmp_path)
+    assert compiled.status == "resolved", compiled.reason
+    (aiohttp,) = [w for w in compiled.wheels if w.name == "aiohttp"]
+    assert f"-cp{sys.version_info[0]}{sys.version_info[1]}-" in aiohttp.filename, aiohttp.filename
 
 
 @network
@@ -193,3 +204,44 @@ def test_vllm_034_pins_a_flashinfer_the_index_lacks(tmp_path):
                     f"the index has its pin now")
     assert compiled.status == "unresolvable" and "flashinfer-python==0.7.3" in compiled.missing
     assert "flashinfer-python==0.7.3 not on the index" in resolution.short_text()
+
+
+# ------------------------------------------------------------------------------------------------ the screen
+
+
+def test_an_unknown_clash_is_said_on_the_dependencies_line_and_writes_no_override(tmp_path):
+    """The judging and the lines, on two real wheels served over HTTP (tests/detect/test_wheel_listing.py's):
+    alpha and beta-pkg have no known_clashes row, so the clash is unknown, the dependencies line says so, the
+    exit code is not the resolution's business, and --overrides writes no line for it."""
+    from tests.detect.test_wheel_listing import ALPHA, BETA, _remote, _Server, _wheel
+    from vllm_compat.dependency_drift import DependencyDrift, write_overrides
+    from vllm_compat.detect.file_owners import Distribution, find_listing_clashes
+    from vllm_compat.detect.wheel_listing import list_wheels
+    from vllm_compat.reporting import _dependency_lines
+    from vllm_compat.resolution import Compiled, Resolution, Resolved, judge
+
+    root = tmp_path / "index"
+    root.mkdir()
+    server = _Server(root)
+    try:
+        wheels = [_remote(server, "alpha", "1.0", _wheel(root / "alpha-1.0-py3-none-any.whl", ALPHA)),
+                  _remote(server, "beta-pkg", "2.0", _wheel(root / "beta_pkg-2.0-py3-none-any.whl", BETA))]
+        read = list_wheels(wheels, tmp_path / "cache")
+    finally:
+        server.close()
+    clashes = find_listing_clashes([(Distribution(i.wheel.name, i.wheel.version, i.wheel.filename), i.files)
+                                    for i in read.listings])
+    packages = [(w.name, w.version, w) for w in wheels]
+    compiled = Compiled("resolved", ["uv", "pip", "compile"], ["alpha==1.0", "beta-pkg==2.0"], [], packages)
+    resolution = Resolution(Resolved(compiled, listed=2, findings=[judge(c) for c in clashes]))
+    (finding,) = resolution.findings
+    assert finding.action == "unknown" and finding.row is None and resolution.override_lines == []
+    drift = DependencyDrift(("alpha", "1.0"), ("beta-pkg", "2.0"), resolution=resolution)
+    lines = _dependency_lines(drift, 100)
+    assert " ".join(" ".join(lines).split()) == (
+        "dependencies: no conflict; uv resolves 2 packages, UNKNOWN file clash alpha 1.0 / beta-pkg 2.0 (4 files)")
+    assert all(len(line) <= 100 for line in lines)
+    verbose = "\n".join(drift.render_lines())
+    assert "-> UNKNOWN clash: which bytes run depends on install order" in verbose
+    target = tmp_path / "overrides.txt"
+    assert write_overrides(target, drift) == 0 and len(target.read_text().splitlines()) == 1  # the header only

@@ -73,12 +73,22 @@ class _Server:
 
     def __init__(self, root: Path, ranges: bool = True):
         self.root, self.ranges, self.requests, self.sent = root, ranges, [], 0
+        self.clients = set()  # the client (host, port) of every request: one per connection
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as files.pythonhosted.org
+
             def do_GET(self):  # noqa: N802 - http.server's name
                 path = server.root / self.path.lstrip("/")
                 server.requests.append((self.path, self.headers.get("Range")))
+                server.clients.add(self.client_address)
+                if self.path.startswith("/moved/"):  # a redirect to the file's own path
+                    self.send_response(302)
+                    self.send_header("Location", "/" + self.path[len("/moved/"):])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if not path.is_file():
                     self.send_error(404)
                     return
@@ -224,3 +234,16 @@ def test_the_clash_finder_on_served_wheels(served, tmp_path):
     assert clash.count == 4 and clash.differing == 3
     assert clash.paths == ("bin/tool", "shared/data.txt", "shared/mod.py", "shared/same.py")
     assert clash.on_disk is None and "install order decides" in clash.on_disk_text()
+
+
+def test_one_kept_alive_connection_per_thread_and_redirects_followed(served, tmp_path):
+    paths = [_wheel(served.root / f"w{i}-1.0-py3-none-any.whl", {f"w{i}/__init__.py": b"%d" % i}) for i in range(5)]
+    server = served()
+    wheels = [_remote(server, f"w{i}", "1.0", path) for i, path in enumerate(paths)]
+    read = list_wheels(wheels, tmp_path / "cache", workers=1)
+    assert read.errors == {} and read.requests == 5 == len(server.requests)
+    assert len(server.clients) == 1  # five requests, one TCP connection (one lookup, one handshake)
+    moved = RemoteWheel("w0", "1.0", server.url("moved/" + paths[0].name))
+    files, _, requests = read_listing(moved.url)
+    assert files == {"w0/__init__.py": zlib.crc32(b"0")} and requests == 1
+    assert [asked for asked, _ in server.requests[-2:]] == ["/moved/" + paths[0].name, "/" + paths[0].name]
