@@ -40,6 +40,7 @@ TOOLING_VARS = frozenset({
     "VLLM_COMPAT_ROTATION", "VLLM_COMPAT_ROTATION_SEED",  # noxfile.py: CI's rotating share of the cells
     "VLLM_COMPAT_TORCH", "VLLM_COMPAT_FIND_LINKS",  # noxfile.py: the torch a cell gets, and where to find it
     "VLLM_COMPAT_MATRIX_KEEP", "VLLM_COMPAT_TEST_WORKERS",  # noxfile.py: keep cell venvs; pytest-xdist workers
+    "VLLM_COMPAT_RECORD_SETS", "VLLM_COMPAT_FRESH_RESOLVE",  # noxfile.py: record a passing cell's set; install without
     "VLLM_COMPAT_TESTS_COLD",  # tests/support/warm_python.py: no warm interpreter
     "VLLM_COMPAT_SERVE_RECORD", "VLLM_COMPAT_SERVE_TIMEOUT",  # tests/serve: record native runs; server timeout
     "VLLM_COMPAT_DIFFUSION_PATH_OUT",  # noxfile.py -> tests/bridges/test_diffusion_path.py: its summary file
