@@ -217,9 +217,10 @@ def render_tested_overrides(cells: list[dict]) -> str:
     """The text of vllm_compat/tested_overrides.py for these cells."""
     pairs: dict = {}
     for cell in cells:
-        if cell.get("vllm_omni") and cell.get("overrides"):
+        lines = (*cell.get("overrides", ()), *(o["line"] for o in cell.get("breakage_overrides", ())))
+        if cell.get("vllm_omni") and lines:
             key = ("vllm", cell["vllm"], "vllm-omni", cell["vllm_omni"])
-            pairs.setdefault(key, {})[cell["id"]] = tuple(cell["overrides"])
+            pairs.setdefault(key, {})[cell["id"]] = lines
     module = (ROOT / "vllm_compat" / "tested_overrides.py").read_text()
     head = module[:module.index("TESTED_OVERRIDES")]
     body = "".join(f"    {key!r}: {value!r},\n" for key, value in sorted(pairs.items()))

@@ -242,9 +242,13 @@ def run(vllm: CheckInput, omni: CheckInput, resolve: bool = False) -> CheckResul
     if resolve and from_index and dependencies is not None and vllm.version and omni.version:
         from .resolution import resolve_pair
 
+        from .dependency_drift import tested_for
+
         dependencies.resolution = resolve_pair(
             [f"{vllm.distribution}=={vllm.version}", f"{omni.distribution}=={omni.version}"],
             dependencies.override_lines)
+        dependencies.resolution.tested = {line: tuple(cells) for line, cells in tested_for(
+            (vllm.distribution, vllm.version), (omni.distribution, omni.version)).values()}
     return CheckResult(vllm=vllm, omni=omni, report=report, dependencies=dependencies)
 
 

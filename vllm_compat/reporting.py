@@ -515,7 +515,6 @@ def _short_verdict(report: Report, verdict: Verdict) -> str:
     failing = [st for st in statuses if st.status == "fails_on_request"]
     acting = sum(d.action == "patched" for d in report.patches)
     handles = f"it handles {acting} drift point{'s' if acting != 1 else ''}" if acting else ""
-    left_out = " Some features are left out (above)." if any(st.left_out for st in started) else ""
 
     def start(sts) -> str:
         return _sentence(_join(st.label for st in sts)) + (" start" if len(sts) > 1 else " starts")
@@ -540,8 +539,8 @@ def _short_verdict(report: Report, verdict: Verdict) -> str:
         head = verdict.text.split(":", 1)[0]
         every = "every entrypoint starts" if len(started) == len(statuses) else start(started)
         if verdict.kind == "works_natively":
-            return f"{head}: {every}; nothing needs patching.{left_out}"
-        return f"{head}: {every}" + (f"; {handles}" if handles else "") + f".{left_out}"
+            return f"{head}: {every}; nothing needs patching."
+        return f"{head}: {every}" + (f"; {handles}" if handles else "") + "."  # what is left out: the line above
     if verdict.kind == "works_with_vllm_compat":
         return f"WORKS WITH vllm_compat: {handles}."
     return verdict.text

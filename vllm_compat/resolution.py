@@ -372,6 +372,9 @@ class Resolution:
     first: Resolved
     fix: Resolved | None = None
     seconds: float = 0.0
+    # {override line: the matrix cells of the pair that install with it} (tested_overrides: the cells'
+    # breakage_overrides), set by check: an override line a cell proves is "tested"
+    tested: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -445,8 +448,9 @@ class Resolution:
                          + (f", +{len(unknown) - 1} more" if len(unknown) > 1 else ""))
         if self.override_lines:
             count = sum(f.action == "override" for f in self.findings)
+            proven = "tested" if all(line in self.tested for line in self.override_lines) else "untested"
             parts.append(f"{count} file clash{'es' if count > 1 else ''} -> override {', '.join(self.override_lines)}"
-                         + ("" if self.fix_ok() in (True, None) else " (NOT enough, --verbose)"))
+                         + (f" ({proven})" if self.fix_ok() in (True, None) else " (NOT enough, --verbose)"))
         reinstall = [f.fix for f in self.findings if f.action == "reinstall"]
         if reinstall:
             parts.append(f"then reinstall {', '.join(reinstall)} (overlay)")
@@ -481,6 +485,10 @@ class Resolution:
                       f"{indent}    -> {finding.resolution()}"]
         if self.fix is not None:
             lines.append(f"{indent}  checked: {self.fix_text()}")
+        for line in self.override_lines:
+            cells = self.tested.get(line)
+            lines.append(f"{indent}  {line}: " + (f"tested by matrix cell {', '.join(cells)}" if cells else
+                                                 "untested: no matrix cell of this pair installs with it"))
         return lines
 
 
