@@ -72,3 +72,23 @@ def plan(site, controls) -> list:
         planned.append((entry, facts, decide_entry(entry, facts, controls)))
     site.save()
     return planned
+
+
+def decided(site, controls) -> tuple[list, dict]:
+    """Every catalogue entry's Decision under ``controls``, as ``plan`` decides them, without the facts: what the
+    static doctor reports; and ``{entry id: handles_drift}`` of each entry decided "patched" whose drift point
+    matches behavioural drift by those patterns alone (``DriftPoint.handles`` as the base class has it): what
+    the verdict asks of the acting drift points (``bridges.drift_handler``). An installed site keeps both with its
+    facts, by controls (``StaticSite.decisions``), so a warm doctor neither reads the facts back nor imports a
+    drift point."""
+
+    def decide():
+        from .drift import DriftPoint
+
+        planned = plan(site, controls)
+        handles = {entry.id: entry.point.handles_drift for entry, _, decision in planned
+                   if decision.action == Action.PATCHED and type(entry.point).handles is DriftPoint.handles}
+        return [decision for _, _, decision in planned], handles
+
+    decisions, handles = site.decisions(controls, decide)
+    return list(decisions), dict(handles)

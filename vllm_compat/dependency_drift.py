@@ -356,23 +356,38 @@ def _proven(conflict: Conflict, tested: dict) -> Conflict:
     return replace(conflict, proven_by=tuple(cells) if conflict.override and conflict.override == line else ())
 
 
-def installed_dependency_drift(host: str | None = None, plugin: str | None = None):
+def installed_dependency_drift(host: str | None = None, plugin: str | None = None, stamps: dict | None = None):
     """The doctor's drift for the installed pair (default: ``detect.wheels.PACKAGES``'s two, vLLM and vllm-omni),
     from installed METADATA only (no index): each conflict with the version installed here; the override named
     only where a matrix cell tests it. None when either is absent. It also carries, computed on first use, the
-    files two installed distributions both own (``detect.file_owners``, ``known_clashes``: ``file_clashes``)."""
-    from .detect.requirements import installed_metadata, parse_metadata
+    files two installed distributions both own (``detect.file_owners``, ``known_clashes``: ``file_clashes``).
+    ``stamps``: a dict filled with ``{distribution: detect.versions.metadata_stamp}`` of every installed metadata
+    read, each taken before it is read (a file that changes meanwhile leaves an older stamp, never a newer one):
+    what the result depends on besides vllm_compat's own files, the key ``StaticSite.installed_dependency_drift``
+    keeps it under."""
+    from .detect.versions import installed_metadata, installed_version, metadata_stamp
     from .detect.wheels import PACKAGES
 
     host, plugin = host or list(PACKAGES)[0], plugin or list(PACKAGES)[1]
+    stamps = {} if stamps is None else stamps
 
-    host_text, plugin_text = installed_metadata(host), installed_metadata(plugin)
+    def metadata_of(distribution: str) -> str | None:
+        stamps.setdefault(distribution, metadata_stamp(distribution))
+        return installed_metadata(distribution)
+
+    def version_of(distribution: str) -> str | None:
+        stamps.setdefault(distribution, metadata_stamp(distribution))
+        return installed_version(distribution)
+
+    host_text, plugin_text = metadata_of(host), metadata_of(plugin)
     if host_text is None or plugin_text is None:
         return None
+    from .detect.requirements import parse_metadata
+
     host_req, plugin_req = parse_metadata(host_text), parse_metadata(plugin_text)
     pinned, unread = {}, {}
     for package, version in plugin_req.pins().items():
-        text = installed_metadata(package)
+        text = metadata_of(package)
         if text is None:
             unread[package] = f"pinned {version} by {plugin_req.name}, not installed"
             continue
@@ -382,16 +397,20 @@ def installed_dependency_drift(host: str | None = None, plugin: str | None = Non
                                   tested_for(*pair), newest=None)
     from dataclasses import replace
 
-    from .detect.versions import installed_version
-
-    conflicts = [replace(c, installed=installed_version(c.package),
+    conflicts = [replace(c, installed=version_of(c.package),
                          note=None if c.override else "no matrix cell tests this pair's override")
                  for c in conflicts]
-    from .detect.file_owners import find_file_clashes
-
     return DependencyDrift(*pair, conflicts=conflicts,
                            pinned_read=tuple(f"{d.name} {d.version}" for _, d in sorted(pinned.items())),
-                           unread=unread, _file_clashes=find_file_clashes)
+                           unread=unread, _file_clashes=installed_file_clashes)
+
+
+def installed_file_clashes():
+    """``detect.file_owners.find_file_clashes()``, imported when first called (``--verbose``, ``--json``): the
+    short screen never reads the RECORDs."""
+    from .detect.file_owners import find_file_clashes
+
+    return find_file_clashes()
 
 
 def write_overrides(path, drift: DependencyDrift) -> int:

@@ -34,6 +34,9 @@ class Report:
     # Install conflicts of the pair (dependency_drift.DependencyDrift): a callable is called on first use (the
     # doctor: installed METADATA, no index); None: not asked (check keeps its own on CheckResult).
     _dependency_drift: object = field(default=None, repr=False)
+    # {entry id: handles_drift} of the acting drift points, where known without importing them (the static doctor's,
+    # kept with its decisions: ``decide.decided``); None: each acting drift point is asked (``bridges.drift_handler``).
+    _handles: dict | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self._import_drift is not ... and self._behaviour_drift is ...:
@@ -77,7 +80,7 @@ class Report:
             self.startup_hook = is_installed()
         return self._import_drift.with_bridges(provided_by_decisions(self.patches), self.startup_hook,
                                                left_out_by_decisions(self.patches)).with_behaviour(
-            self.behaviour_drift, drift_handler(self.patches))
+            self.behaviour_drift, drift_handler(self.patches, self._handles))
 
     @property
     def plugin_will_not_import(self) -> bool:
@@ -551,27 +554,31 @@ def build_report(runtime: bool = False) -> Report:
     in this process are reported as they are; otherwise the static decision is what the hooks will do."""
     from .activate import apply, current_decisions
     from .config import read_controls
-    from .decide import plan
-    from .dependency_drift import installed_dependency_drift
-    from .detect.static import SiteFacts, StaticSite
+    from .decide import decided, plan
+    from .detect.static import FactsOnFirstUse, SiteFacts, StaticSite
 
     site = StaticSite.installed()
-    planned = plan(site, read_controls())
-    static = SiteFacts("static", site.versions, {entry.id: facts for entry, facts, _ in planned})
-    static_decisions = [decision for _, _, decision in planned]
+    controls = read_controls()
     if not runtime:
+        # The decisions alone, kept with the facts: the short screen reads no fact, and the facts (with the
+        # drift-point modules their classes live in) are read when --verbose or --json asks for them.
+        static_decisions, handles = decided(site, controls)
+        static = SiteFacts("static", site.versions, FactsOnFirstUse(lambda: site.environment.facts))
         recorded = {d.name: d for d in current_decisions() if d.action != "pending"}
         patches = [recorded.get(d.name, d) for d in static_decisions]
-        return Report(_dependency_drift=installed_dependency_drift, mode="static", static=static, patches=patches, _import_drift=site.installed_import_drift,
-                      _behaviour_drift=lambda: site.behaviour_drift)
+        return Report(_dependency_drift=site.installed_dependency_drift, mode="static", static=static, patches=patches, _import_drift=site.installed_import_drift,
+                      _behaviour_drift=lambda: site.behaviour_drift, _handles=handles)
 
+    planned = plan(site, controls)
+    static = SiteFacts("static", site.versions, {entry.id: facts for entry, facts, _ in planned})
+    static_decisions = [decision for _, _, decision in planned]
     try:
         live = detect_runtime(planned)
     except Exception as exc:  # noqa: BLE001 - the point is to show the user what breaks a worker
-        return Report(_dependency_drift=installed_dependency_drift, mode="runtime", static=static, patches=static_decisions,
+        return Report(_dependency_drift=site.installed_dependency_drift, mode="runtime", static=static, patches=static_decisions,
                       runtime_error=f"importing vLLM / vllm-omni failed: {type(exc).__name__}: {exc}")
     applied = apply()
-    return Report(_dependency_drift=installed_dependency_drift, mode="runtime", static=static, runtime=live,
+    return Report(_dependency_drift=site.installed_dependency_drift, mode="runtime", static=static, runtime=live,
                   patches=_with_pending_decided(applied, static_decisions),
                   mismatches=_runtime_mismatches(planned, live))
 

@@ -49,7 +49,7 @@ def omni_importers(tree, files: tuple[str, ...], module: str, name: str | None) 
     """The imports of ``module`` (``from module import name``, or ``import module`` / any name from it when
     ``name`` is None) in the vllm-omni ``files`` of ``tree`` (a ``detect.static.SourceTree``), except those under
     ``if TYPE_CHECKING``: those that run, at import or when a function runs."""
-    from ..detect.import_drift import plugin_imports
+    from ..detect.source_scan import plugin_imports
 
     found = []
     for relpath in files:
@@ -103,7 +103,7 @@ def host_lookup(vllm_tree, module: str, name: str | None) -> str:
     """``HostKind`` of ``module.name`` in a vLLM tree, from its files."""
     if not vllm_tree.has_package("vllm"):
         return HostKind.ABSENT
-    from ..detect.import_drift import host_index
+    from ..detect.host_index import host_index
 
     answer = host_index(vllm_tree).lookup(module, name)
     return {"yes": HostKind.DEFINES, "no": HostKind.LACKS, "no_module": HostKind.NO_MODULE}.get(answer,
@@ -128,22 +128,34 @@ def provided_by_decisions(decisions) -> dict[str, str]:
     return provided
 
 
-def drift_handler(decisions):
+def drift_handler(decisions, handles: dict | None = None):
     """``handler(finding) -> entry id | None``: the first drift point decided "patched" among ``decisions`` that
-    handles the behavioural-drift finding (``DriftPoint.handles``)."""
+    handles the behavioural-drift finding (``DriftPoint.handles``). ``handles``: ``{entry id: handles_drift}``
+    where the patterns are known without importing the drift point (``decide.decided``); the acting entries it
+    does not name are imported and asked, at the first finding (a pair without behavioural drift imports none)."""
     from ..catalogue import entry as catalogue_entry
 
-    acting = []
+    patched = []
     for decision in decisions:
         if decision.action == "patched":
             try:
-                acting.append(catalogue_entry(decision.name))
+                patched.append(catalogue_entry(decision.name))
             except KeyError:
                 continue
-    acting = [e for e in acting if e.point.handles_drift]
+    handles = handles or {}
+    acting = None  # [(entry id, finding -> bool)], made at the first finding
 
     def handler(finding) -> str | None:
-        return next((e.id for e in acting if e.point.handles(finding)), None)
+        nonlocal acting
+        if acting is None:
+            acting = []
+            for e in patched:
+                if e.id in handles:
+                    if handles[e.id]:
+                        acting.append((e.id, lambda f, patterns=handles[e.id]: any(f.matches(*p) for p in patterns)))
+                elif e.point.handles_drift:
+                    acting.append((e.id, e.point.handles))
+        return next((entry_id for entry_id, fits in acting if fits(finding)), None)
 
     return handler
 

@@ -28,7 +28,6 @@ table only when asked.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import sys
@@ -129,6 +128,8 @@ def _split(path: str, kind: str) -> tuple[str, str | None]:
 
 def combined_key(keys: dict) -> str:
     """A moved module's key: its names' ``source_key``s together (as ``matrix/aliases.py`` writes it)."""
+    import hashlib  # detection only: ~3 ms to import, and the warm doctor reads the facts back
+
     return hashlib.sha256(json.dumps(sorted(keys.items())).encode()).hexdigest()[:16]
 
 
@@ -163,7 +164,7 @@ def _missing_packages(defs, module: str) -> tuple[str, ...] | None:
 def _imported_names(omni_tree, files, module: str) -> set:
     """The names the vllm-omni ``files`` of ``omni_tree`` take from ``module`` (``from module import a, b``),
     imports under ``if TYPE_CHECKING`` left out."""
-    from ..detect.import_drift import plugin_imports
+    from ..detect.source_scan import plugin_imports
 
     names = set()
     for relpath in files:

@@ -2,9 +2,11 @@
 
 Static detection reads and parses vLLM's and vllm-omni's files (``ast`` on a dozen modules, import scans of
 vllm-omni): ~0.8 s, repeated on every doctor run although the answer only changes when a package does. This
-cache holds what ``StaticSite.installed()`` computes: the ``Environment``, every catalogue entry's
-``detect_static`` facts and the import drift (decisions are not cached: they depend on the ``VLLM_COMPAT_*``
-controls).
+cache holds what ``StaticSite.installed()`` computes: every catalogue entry's ``detect_static`` facts (pickled
+apart, ``pickled``: read back only where a fact is read), the import and behavioural drift, the decisions per
+``VLLM_COMPAT_*`` controls (each drift point decides from its facts and the controls alone), and the dependency
+drift under the stamps of the METADATA it read (the pinned packages' are not in the key). A warm doctor's short
+screen reads the decisions and the drifts: it imports no drift point, ``packaging`` or ``importlib.metadata``.
 
 It is the one on-disk cache of static detection. The key is the ``RECORD`` (path, size, mtime) of the
 distribution that installed each of vllm, vllm_omni and torch where the package is found, plus every ``.py`` file of vllm_compat itself (path, size, mtime: an editable install's RECORD never changes), plus the
@@ -115,6 +117,17 @@ def load(key: str | None) -> dict:
     except Exception:  # noqa: BLE001 - any unreadable cache (missing, truncated, stale classes) is a miss
         return {}
     return data if stored_key == key and isinstance(data, dict) else {}
+
+
+def pickled(value) -> bytes | None:
+    """``value`` pickled on its own, for a part of the data that ``load`` should not unpickle (its reader does, when
+    it needs it: ``StaticSite`` keeps its facts so); None when it cannot be pickled."""
+    import pickle
+
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - unpicklable facts: nothing is cached, as store() does
+        return None
 
 
 def store(key: str | None, data: dict) -> None:

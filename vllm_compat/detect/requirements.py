@@ -112,16 +112,6 @@ def tree_metadata(tree, distribution: str) -> str | None:
     return None
 
 
-def installed_metadata(distribution: str) -> str | None:
-    """The METADATA text of the installed ``distribution`` (``importlib.metadata``), or None."""
-    from importlib import metadata
-
-    try:
-        return metadata.distribution(distribution).read_text("METADATA")
-    except metadata.PackageNotFoundError:
-        return None
-
-
 # ------------------------------------------------------------------------------------------------ the index
 
 

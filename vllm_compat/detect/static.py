@@ -5,6 +5,7 @@ import them. Fast enough for ``vllm-compat doctor`` to run before a worker start
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .model import Param, ParamKind
@@ -101,20 +102,61 @@ class StaticSite:
     def facts(self, entry_id: str, detect):
         """``detect(self)`` for catalogue entry ``entry_id`` (its ``detect_static``), or what an earlier run of the
         same installed files found (``save()`` keeps it)."""
-        cached = self._cached.setdefault("facts", {})
+        cached = self._kept_facts()
         if entry_id not in cached:
             cached[entry_id] = detect(self)
             self._unsaved = self._cache_key is not None
         return cached[entry_id]
 
+    def _kept_facts(self) -> dict:
+        """The facts found so far, by entry id. The cache holds them pickled apart from the rest (``save``), and
+        they are unpickled here, on first use: unpickling imports the drift-point modules defining their classes
+        (some 30 modules), which the warm doctor's short screen, reading decisions only (``decisions``), never
+        needs. A blob that cannot be unpickled is no facts: they are detected again."""
+        kept = self._cached.get("facts")
+        if isinstance(kept, bytes):
+            import pickle
+
+            try:
+                kept = pickle.loads(kept)
+            except Exception:  # noqa: BLE001 - stale classes or a damaged blob: a miss, as in fact_cache.load
+                kept = None
+        if not isinstance(kept, dict):
+            kept = {}
+        self._cached["facts"] = kept
+        return kept
+
+    def decisions(self, controls, decide):
+        """``decide()``: what every catalogue entry decides under ``controls`` (``decide.decided``'s decisions and
+        patterns), or what an earlier run of the same files decided under the same controls (``Controls`` field by
+        field). A drift point decides from its facts and the controls alone (``DriftPoint.decide``), and the cache
+        key covers every file the facts come from, so what is kept is what deciding again would give. Kept where the
+        site has a cache key."""
+        key = _controls_key(controls)
+        kept = self._cached.get("decisions", {})
+        if key in kept:
+            return kept[key]
+        decided = decide()
+        if self._cache_key is not None:
+            self._cached["decisions"] = {**kept, key: decided}
+            self._unsaved = True
+            self.save()
+        return decided
+
     def save(self) -> None:
-        """Write what this run detected beyond the cache to the cache (installed sites only)."""
+        """Write what this run detected beyond the cache to the cache (installed sites only); the facts go pickled
+        on their own (``_kept_facts``), so reading the cache back does not unpickle them."""
         if not self._unsaved:
             return
         from . import fact_cache
 
-        fact_cache.store(self._cache_key, self._cached)
+        data = dict(self._cached)
         self._unsaved = False
+        if isinstance(data.get("facts"), dict):
+            data["facts"] = fact_cache.pickled(data["facts"])
+            if data["facts"] is None:  # facts that cannot be pickled: nothing is cached, as store() does
+                return
+        fact_cache.store(self._cache_key, data)
 
     def installed_import_drift(self):
         """``detect_import_drift()`` (the installed pair, this site's trees when it is ``installed()``), kept with
@@ -122,6 +164,33 @@ class StaticSite:
         from .import_drift import detect_import_drift
 
         return self._kept("import_drift", detect_import_drift)
+
+    def installed_dependency_drift(self):
+        """``dependency_drift.installed_dependency_drift()`` (the installed pair's install conflicts), kept with the
+        facts under the stamps of every installed METADATA it read (``detect.versions.metadata_stamp``): the
+        cache key covers vLLM's and vllm-omni's RECORDs but not the packages vllm-omni pins or the conflicting
+        ones installed beside them. A warm run stamps those again (the ``sys.path`` listings, a stat each) and
+        reads the drift back when none changed, so it imports neither ``packaging`` nor ``importlib.metadata``;
+        otherwise, or where a stamp cannot be taken (only ``importlib.metadata`` can find a distribution), it is
+        computed. The file clashes stay computed on first use, never kept."""
+        from dataclasses import replace
+
+        from .versions import metadata_stamp
+
+        kept = self._cached.get("dependency_drift")
+        if kept is not None:
+            stamps, drift = kept
+            if all(metadata_stamp(name) == stamp for name, stamp in stamps.items()):
+                return drift if drift is None else replace(drift)  # a copy: its file clashes fill in on it alone
+        from ..dependency_drift import installed_dependency_drift
+
+        stamps: dict = {}
+        drift = installed_dependency_drift(stamps=stamps)
+        if self._cache_key is not None and None not in stamps.values():
+            self._cached["dependency_drift"] = (stamps, drift if drift is None else replace(drift))
+            self._unsaved = True
+            self.save()
+        return drift
 
     @property
     def behaviour_drift(self):
@@ -161,6 +230,38 @@ class StaticSite:
 
             self._import_drift = self._kept("import_drift", lambda: check_import_drift(self.omni_tree, self.vllm_tree))
         return self._import_drift
+
+
+class FactsOnFirstUse(Mapping):
+    """A ``SiteFacts.facts`` mapping computed by ``compute()`` when first read: the static doctor's, whose short
+    screen reads no fact (``--verbose`` and ``--json`` do; reading them unpickles or detects them)."""
+
+    def __init__(self, compute):
+        self._compute = compute
+        self._facts: dict | None = None
+
+    def _all(self) -> dict:
+        if self._facts is None:
+            self._facts = self._compute()
+        return self._facts
+
+    def __getitem__(self, entry_id):
+        return self._all()[entry_id]
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+def _controls_key(controls) -> str:
+    """``controls`` (a ``config.Controls``) as text that compares equal across processes: every field, sets
+    sorted (a frozenset's order depends on the process's string hashing)."""
+    import dataclasses
+
+    return repr([(f.name, sorted(value) if isinstance(value, (set, frozenset)) else value)
+                 for f in dataclasses.fields(controls) for value in [getattr(controls, f.name)]])
 
 
 def _installed_versions() -> dict[str, str | None]:

@@ -65,6 +65,21 @@ def _dist_infos(directory: str, mtime_ns: int) -> dict[str, str]:
 
 def _dist_info_version(distribution: str):
     """The version, None when no entry has it, or ``_UNSURE`` when only ``importlib.metadata`` can tell."""
+    found = _dist_info(distribution)
+    if found is None or found is _UNSURE:
+        return found
+    infos, directory, child = found
+    # Read once per listing: a reinstall or upgrade makes a new dist-info, so a new directory mtime.
+    if (child,) not in infos:
+        infos[(child,)] = _metadata_version(os.path.join(directory, child))
+    version = infos[(child,)]
+    return _UNSURE if version is None else version
+
+
+def _dist_info(distribution: str):
+    """``(listing, directory, child)`` of the first ``*.dist-info`` / ``*.egg-info`` of ``distribution`` along
+    ``sys.path`` (``importlib.metadata``'s), None when no entry has one, or ``_UNSURE`` when only
+    ``importlib.metadata`` can tell."""
     import stat
 
     for finder in sys.meta_path:
@@ -85,11 +100,50 @@ def _dist_info_version(distribution: str):
         infos = _dist_infos(directory, status.st_mtime_ns)
         child = infos.get(wanted)
         if child is not None:
-            # Read once per listing: a reinstall or upgrade makes a new dist-info, so a new directory mtime.
-            if (child,) not in infos:
-                infos[(child,)] = _metadata_version(os.path.join(directory, child))
-            version = infos[(child,)]
-            return _UNSURE if version is None else version
+            return infos, directory, child
+    return None
+
+
+def installed_metadata(distribution: str) -> str | None:
+    """The METADATA text of the installed ``distribution``, or None: ``importlib.metadata``'s
+    ``distribution(name).read_text("METADATA")``, read here where ``installed_version`` finds the dist-info itself
+    (an egg-info has no METADATA: None, as there)."""
+    found = _dist_info(distribution)
+    if found is None:
+        return None
+    if found is not _UNSURE:
+        _, directory, child = found
+        try:
+            with open(os.path.join(directory, child, "METADATA"), encoding="utf-8") as handle:
+                return handle.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError):
+            return None  # what importlib.metadata's read_text answers for these
+    from importlib import metadata
+
+    try:
+        return metadata.distribution(distribution).read_text("METADATA")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def metadata_stamp(distribution: str) -> str | None:
+    """What ``installed_metadata`` and ``installed_version`` of ``distribution`` read, as ``path:size:mtime_ns``
+    (its METADATA, else PKG-INFO, else the egg-info file itself); "-" when it is not installed; None when only
+    ``importlib.metadata`` can tell (nothing can be kept on such a path). The doctor keeps what it derived from
+    installed metadata under these stamps (``detect.static.StaticSite.installed_dependency_drift``)."""
+    found = _dist_info(distribution)
+    if found is None:
+        return "-"
+    if found is _UNSURE:
+        return None
+    _, directory, child = found
+    info = os.path.join(directory, child)
+    for candidate in (os.path.join(info, "METADATA"), os.path.join(info, "PKG-INFO"), info):
+        try:
+            status = os.stat(candidate)
+        except OSError:
+            continue
+        return f"{candidate}:{status.st_size}:{status.st_mtime_ns}"
     return None
 
 
