@@ -240,9 +240,8 @@ def run(vllm: CheckInput, omni: CheckInput, resolve: bool = False) -> CheckResul
                                           offline=not online)
     from_index = {vllm.source, omni.source} <= {"downloaded", "cache"}  # local wheels / trees: offline, not resolved
     if resolve and from_index and dependencies is not None and vllm.version and omni.version:
-        from .resolution import resolve_pair
-
         from .dependency_drift import tested_for
+        from .resolution import resolve_pair
 
         dependencies.resolution = resolve_pair(
             [f"{vllm.distribution}=={vllm.version}", f"{omni.distribution}=={omni.version}"],
