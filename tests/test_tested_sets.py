@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 
@@ -33,8 +34,12 @@ def _canonical(name: str) -> str:
 
 
 def _installed() -> dict[str, str]:
-    """{canonical name: version} of this env, read by importlib.metadata (the oracle: not uv's freeze)."""
-    return {_canonical(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+    """{canonical name: version} of this env's site-packages, read by importlib.metadata (the oracle: not uv's
+    freeze). Its site-packages only: importing setuptools puts setuptools/_vendor on sys.path, whose vendored
+    copies (packaging, zipp, importlib-metadata ...) are no installed distributions."""
+    sites = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    return {_canonical(d.metadata["Name"]): d.version for d in metadata.distributions(path=sites)
+            if d.metadata["Name"]}
 
 
 @pytest.mark.parametrize("cell_id", RECORDED or ["(none recorded)"])
