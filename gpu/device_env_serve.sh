@@ -1,10 +1,11 @@
-# Source on the GPU machine from the repo root: `source gpu/device_env_serve.sh` (served Qwen-Image check, issue 24
-# item 4). Keeps the slices that this call carried (gpu/.carry/serve/callN/, built by gpu/prepare_serve.sh) under
+# Source on the GPU machine from the repo root: `source gpu/device_env_serve.sh` (the served checks, issue 24 item 4
+# and issue 35). Keeps the slices that this call carried (gpu/.carry/serve/callN/, built by gpu/prepare_serve.sh) under
 # /tmp/vcs/slices, and unpacks every part whose slices are all there, once, checking its sha256 against MANIFEST:
 #   deps -> /tmp/vcs/deps; py024, so024, fa3_024 -> /tmp/vcs/py024; py0251, so0251, fa3_0251 -> /tmp/vcs/py0251;
-#   omni024 -> /tmp/vcs/omni024.
+#   py026, so026, fa3_026 -> /tmp/vcs/py026; omni024 -> /tmp/vcs/omni024; omni026 -> /tmp/vcs/omni026.
 # Then defines:
-#   serve_env 024|0251   PYTHONPATH = that vLLM (+ its kernels and own deps), vllm-omni 0.24.0, the common deps.
+#   serve_env 024|0251|026   PYTHONPATH = that vLLM (+ its kernels and own deps), its vllm-omni (0.26.0 for 026,
+#                        0.24.0 otherwise), the common deps.
 #                        The repo root is NOT on it: its vllm_compat.egg-info would hand vLLM vllm_compat's plugin
 #                        entry point, so a "native" run would not be native.
 #   compat_install       installs vllm_compat as a user does: `pip install` of this tree (no deps, no index) into
@@ -18,7 +19,8 @@ for d in gpu/.carry/serve/call*; do
     [ -d "$d" ] && cp -n "$d"/* "$VCS/slices/" 2>/dev/null
 done
 [ -f "$VCS/slices/MANIFEST" ] || { echo "device_env_serve: no MANIFEST carried" >&2; return 1; }
-_vcs_dest() { case $1 in deps) echo deps ;; *0251) echo py0251 ;; omni024) echo omni024 ;; *024) echo py024 ;; esac; }
+_vcs_dest() { case $1 in deps) echo deps ;; omni*) echo "$1" ;; *0251) echo py0251 ;; *026) echo py026 ;;
+                          *024) echo py024 ;; esac; }
 while read -r part n sha size; do
     [ -e "$VCS/$part.done" ] && continue
     have=$(ls "$VCS/slices" | grep -c "^$part\.tar\.xz\.[0-9][0-9]$")
@@ -33,7 +35,9 @@ while read -r part n sha size; do
 done < "$VCS/slices/MANIFEST"
 
 serve_env() {
-    export PYTHONPATH="$VCS/py$1:$VCS/omni024:$VCS/deps"
+    local omni=omni024
+    [ "$1" = 026 ] && omni=omni026
+    export PYTHONPATH="$VCS/py$1:$VCS/$omni:$VCS/deps"
 }
 compat_install() {
     python3 -m pip install -q --no-deps --no-index --no-build-isolation --no-cache-dir --disable-pip-version-check \

@@ -5,10 +5,11 @@ anywhere: this file reads gpu/.carry/serve/calls.txt (the call folders in order,
 gpu/.carry/serve/MANIFEST (each part's slice count), and gives every phase the first call after which all the parts
 it needs are unpacked on the machine.
 
-  python3 gpu/serve_calls.py [--dir gpu/.carry/serve] [--phases bug,native,...] [--json]
+  python3 gpu/serve_calls.py [--dir gpu/.carry/serve] [--phases issue35 | bug,native,...] [--json]
         print the call list: one `run` per call folder (carry = that folder; the command runs the next phase whose
         parts are complete by then, else `unpack`), then one call with no carry for each phase left. Also checks
         that every call fits the device tool's 64 MiB with the working tree beside it (exit 1 if one does not).
+        --phases takes a named list of RERUNS (issue35, the default; issue35_all; issue24) or phase names.
   python3 gpu/serve_calls.py needs PHASE
         the parts PHASE needs, one per line (gpu/serve_run.sh refuses a phase whose parts are not unpacked yet);
         exit 2 for a phase gpu/serve_run.sh does not have.
@@ -37,10 +38,12 @@ CALL_LIMIT_MIB = 64.0
 DEFAULT_MARGIN_MIB = 2.0
 
 # The parts (gpu/prepare_serve.sh) each vLLM needs: its pure-Python tree + own deps, its kernels, FA3, the common deps
-# and vllm-omni 0.24.0.
+# and its vllm-omni (0.24.0; 0.26.0 for vLLM 0.26.0).
 SET_0251 = ("so0251", "py0251", "deps", "fa3_0251", "omni024")
 SET_024 = ("so024", "py024", "deps", "fa3_024", "omni024")
+SET_026 = ("so026", "py026", "deps", "fa3_026", "omni026")
 BOTH = tuple(dict.fromkeys(SET_0251 + SET_024))
+ALL_PARTS = tuple(dict.fromkeys(SET_026 + SET_0251 + SET_024))
 
 # Every phase of gpu/serve_run.sh (tests/gpu/test_serve_tools.py checks the two agree), with the parts it needs and
 # what it runs. `unpack` only keeps and unpacks the slices its call carried.
@@ -55,9 +58,28 @@ PHASES: dict[str, tuple[tuple[str, ...], str]] = {
     "llm_sync": (SET_0251, "the llm phase's vllm_compat run, the stage's async scheduling off"),
     "llm_v1": (SET_0251, "the llm phase's vllm_compat run, VLLM_USE_V2_MODEL_RUNNER=0"),
     "diag": (SET_0251, "DIAGNOSTIC: vllm_compat + gpu/serve_diag_reuse_port.py on 0.25.1 (BF16, fp8)"),
+    # Issue 35: vLLM 0.26.0 + vllm-omni 0.26.0 (the native pair), the offline Omni API.
+    "llm026": (SET_026, "the llm phase's tiny Qwen2 stage on 0.26.0 + vllm-omni 0.26.0: native, then vllm_compat"),
+    "llm026_async": (SET_026, "native 0.26.0, the stage on vllm-omni's async AR scheduler class "
+                              "(gpu/llm_stage_async.yaml)"),
+    "llm026_noec": (SET_026, "vllm_compat on 0.26.0, omni_output_ec_transfer_params left out"),
+    "omni026": (SET_026, "offline Omni, the same AR stage, greedy generate: native 0.26.0, then vllm_compat"),
+    "omni0251": (BOTH, "offline Omni, the same AR stage: native 0.24.0, then vllm_compat on 0.25.1"),
+    "omni0251_noscheduler": (SET_0251, "omni0251's vllm_compat run, ar_scheduler_v1_runner left out"),
+    "image026": (SET_026, "tiny Qwen-Image served on 0.26.0 + vllm-omni 0.26.0: native, then vllm_compat (bytes "
+                          "compared)"),
 }
-# The phases a full rerun makes, in order (gpu/results.md, "Served Qwen-Image" and "LLM stage").
-DEFAULT_PHASES = ("bug", "native", "compat", "llm", "llm_noscheduler")
+# Named phase lists, in order: a rerun of a section of gpu/results.md. issue35 is what "Pending GPU runs (issue 35)"
+# asks for (parts 1-3, and llm026_async: the scheduler class vllm-omni 0.26.0's own pipelines get on CUDA), each
+# riding a carry call of the default build; issue35_all adds the two runs that bound its claims further; issue24
+# reruns "Served Qwen-Image" and "LLM stage".
+RERUNS: dict[str, tuple[str, ...]] = {
+    "issue35": ("llm026", "llm026_async", "image026", "omni026", "omni0251"),
+    "issue35_all": ("llm026", "llm026_async", "image026", "omni026", "omni0251", "llm026_noec",
+                    "omni0251_noscheduler"),
+    "issue24": ("bug", "native", "compat", "llm", "llm_noscheduler"),
+}
+DEFAULT_PHASES = RERUNS["issue35"]
 
 
 def needs(phase: str, env: dict[str, str] | None = None) -> tuple[str, ...]:
@@ -97,6 +119,13 @@ def slice_part(name: str) -> str | None:
     if not dot or not idx.isdigit() or not stem.endswith(".tar.xz"):
         return None
     return stem[: -len(".tar.xz")]
+
+
+def phase_list(value: str) -> tuple[str, ...]:
+    """``--phases``: a name of RERUNS, or phase names separated by commas."""
+    if value in RERUNS:
+        return RERUNS[value]
+    return tuple(p for p in value.split(",") if p)
 
 
 def plan(calls: list[dict], manifest: dict[str, int], phases: tuple[str, ...] = DEFAULT_PHASES,
@@ -151,9 +180,10 @@ def tree_bytes(root: Path = ROOT) -> int | None:
     return total
 
 
-def folder_mib(folder: str, fallback: float, root: Path = ROOT) -> float:
-    """The call folder's exact size where it exists here, else calls.txt's (du -sm: rounded up)."""
-    d = root / folder
+def folder_mib(folder: str, fallback: float, carry: Path = ROOT / CARRY) -> float:
+    """The call folder's exact size where it exists in ``carry`` (the folder calls.txt is in: each call folder is
+    one of its children), else calls.txt's (du -sm: rounded up)."""
+    d = carry / Path(folder).name
     if d.is_dir():
         return sum(f.stat().st_size for f in d.iterdir() if f.is_file()) / MIB
     return fallback
@@ -164,14 +194,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("what", nargs="?", default="list", choices=["list", "needs", "phases"])
     ap.add_argument("phase", nargs="?")
     ap.add_argument("--dir", type=Path, default=CARRY, help="prepare_serve.sh's output (calls.txt, MANIFEST)")
-    ap.add_argument("--phases", default=",".join(DEFAULT_PHASES),
-                    help=f"comma-separated, in order (default {','.join(DEFAULT_PHASES)})")
+    ap.add_argument("--phases", default="issue35",
+                    help=f"a named list ({', '.join(RERUNS)}; default issue35 = {','.join(DEFAULT_PHASES)}) or "
+                         "phase names, comma-separated, in order")
     ap.add_argument("--margin-mib", type=float, default=float(os.environ.get("MARGIN_MB", DEFAULT_MARGIN_MIB)))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.what == "phases":
         for name, (parts, what) in PHASES.items():
-            print(f"{name:16} {what}\n{'':16} needs: {' '.join(parts) or '-'}")
+            print(f"{name:21} {what}\n{'':21} needs: {' '.join(parts) or '-'}")
+        for name, phases in RERUNS.items():
+            print(f"--phases {name}: {','.join(phases)}")
         return 0
     if args.what == "needs":
         if args.phase not in PHASES:
@@ -185,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     calls = read_calls(d / "calls.txt")
     try:
-        rows = plan(calls, read_manifest(d / "MANIFEST"), tuple(p for p in args.phases.split(",") if p))
+        rows = plan(calls, read_manifest(d / "MANIFEST"), phase_list(args.phases))
     except ValueError as e:
         print(f"serve_calls: {e}", file=sys.stderr)
         return 1
@@ -194,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = None
     for r, c in zip(rows, calls + [None] * len(rows), strict=False):
         if c is not None:
-            r["carry_mib"] = round(folder_mib(c["folder"], c["mib"]), 2)
+            r["carry_mib"] = round(folder_mib(c["folder"], c["mib"], d), 2)
         if tree_mib is not None:
             r["total_mib"] = round(r["carry_mib"] + tree_mib, 2)
             r["left_mib"] = round(CALL_LIMIT_MIB - r["total_mib"], 2)

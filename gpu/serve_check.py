@@ -1,6 +1,6 @@
-"""`vllm serve <tiny Qwen-Image> --omni` on the GPU machine (issue 24, item 4).
+"""`vllm serve <tiny Qwen-Image> --omni` and the offline `Omni` API on the GPU machine (issue 24 item 4, issue 35).
 
-Two subcommands, run by the device calls in gpu/results.md ("Served Qwen-Image"):
+Subcommands, run by the device calls in gpu/results.md ("Served Qwen-Image", "Pending GPU runs (issue 35)"):
 
   write-model DIR     write a tiny but complete Qwen-Image pipeline in the diffusers layout, offline, from a fixed
                       seed: vllm-omni's QwenImagePipeline loads every component of it (scheduler config, a
@@ -15,10 +15,22 @@ Two subcommands, run by the device calls in gpu/results.md ("Served Qwen-Image")
                       SIGINT and the time the server takes to stop (`--chat`: a greedy chat completion instead of the
                       image, twice). Writes OUT/NAME.json, OUT/NAME.log (the server's
                       stdout+stderr) and OUT/NAME.png.
+  omni NAME DIR OUT --stage-configs-path YAML
+                      the offline API with one AR stage: in a child interpreter (a new process group, its output in
+                      OUT/NAME.log), vllm-omni's `Omni(model=DIR, stage_configs_path=YAML)` and `generate` of PROMPT
+                      with greedy SamplingParams (OFFLINE_MAX_TOKENS), twice (the second must equal the first); the
+                      child writes what it got, the parent adds the log's error and warning lines and the times:
+                      OUT/NAME.json.
+  stage-config DIR YAML
+                      what the installed vllm-omni's own loader makes of a legacy stage config (stage_args format):
+                      `load_and_resolve_stage_configs`, `build_engine_args_dict` (the AR worker class the CUDA omni
+                      platform names, filled in where the platform is not CUDA), `OmniEngineArgs`, and the deploy
+                      reads 0.26.0+'s engine makes of `stage_configs_path`; JSON on stdout (CPU is enough:
+                      tests/gpu/test_serve_tools.py runs it in the cell envs).
 
 The interpreter, PYTHONPATH and whether vllm_compat is installed are the caller's (gpu/device_env_serve.sh): this
-file never imports vLLM, vllm-omni or vllm_compat itself, and the server inherits the caller's environment plus
-the variables below.
+file never imports vLLM, vllm-omni or vllm_compat itself, except in the `omni` child and in `stage-config` (each its
+own interpreter), and the server inherits the caller's environment plus the variables below.
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ SEED = 1234
 SIZE = "64x64"
 STEPS = 4
 TRACEBACK_GRACE_S = 60.0
+OFFLINE_MAX_TOKENS = 8  # the served chat's and completion's max_tokens: the texts compare
 # The tiny model's widths. The transformer's joint_attention_dim is the text encoder's hidden size; its
 # in_channels = 4 * the VAE's z_dim (2x2 latent patches); axes_dims_rope sums to the head dim.
 TEXT_HIDDEN = 64
@@ -415,6 +428,151 @@ def _chat_requests(client, model_id: str, rec: dict) -> None:
         rec["completion_error"] = f"{type(e).__name__}: {e}"[:2000]
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# The offline API (issue 35): vllm-omni's Omni with one AR stage.
+# ------------------------------------------------------------------------------------------------------------------
+
+OMNI_CHILD = """
+import json, os, sys, time, traceback
+model, stages, result = sys.argv[1], sys.argv[2], sys.argv[3]
+rec = {"generations": []}
+def dump():
+    with open(result, "w") as f:
+        json.dump(rec, f, indent=2, default=str)
+try:
+    t0 = time.monotonic()
+    from vllm import SamplingParams
+    from vllm_omni.entrypoints.omni import Omni
+    import vllm, vllm_omni
+    rec["versions"] = {"vllm": vllm.__version__, "vllm_omni": getattr(vllm_omni, "__version__", None)}
+    compat = sys.modules.get("vllm_compat")
+    if compat is not None:  # this process's decisions (the stage process makes its own, through the same hook)
+        rec["vllm_compat"] = {d.name: str(d.action) for d in compat.current_decisions()}
+    omni = Omni(model=model, stage_configs_path=stages, stage_init_timeout=240, init_timeout=300)
+    rec["init_s"] = round(time.monotonic() - t0, 1)
+    dump()
+    params = SamplingParams(temperature=0.0, max_tokens=int(os.environ["OFFLINE_MAX_TOKENS"]), seed=int(os.environ["SEED"]))
+    for attempt in range(2):
+        t1 = time.monotonic()
+        outputs = omni.generate([os.environ["PROMPT"]], [params], use_tqdm=False)
+        gens = []
+        for out in outputs:
+            completions = getattr(out, "outputs", None) or getattr(getattr(out, "request_output", None), "outputs", [])
+            for c in completions:
+                gens.append({"text": c.text, "token_ids": list(c.token_ids), "finish_reason": c.finish_reason})
+        rec["generations"].append({"outputs": gens, "request_s": round(time.monotonic() - t1, 2)})
+        dump()
+    t2 = time.monotonic()
+    omni.close()
+    rec["close_s"] = round(time.monotonic() - t2, 2)
+except BaseException as exc:
+    rec["error"] = (type(exc).__name__ + ": " + str(exc))[:2000]
+    rec["traceback_tail"] = traceback.format_exc().splitlines()[-12:]
+dump()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def offline(name: str, model: Path, out: Path, *, stages: Path, timeout: float) -> dict:
+    """The offline `Omni` AR-stage run in a child interpreter (module docstring, `omni`); returns the record."""
+    out.mkdir(parents=True, exist_ok=True)
+    log_path, result = out / f"{name}.log", out / f"{name}.child.json"
+    result.unlink(missing_ok=True)
+    env = {**os.environ, **SERVER_ENV, "PROMPT": PROMPT, "SEED": str(SEED), "OFFLINE_MAX_TOKENS": str(OFFLINE_MAX_TOKENS)}
+    rec: dict = {"name": name, "model": str(model), "stage_configs_path": str(stages),
+                 "pythonpath": env.get("PYTHONPATH", ""), "prompt": PROMPT, "seed": SEED,
+                 "max_tokens": OFFLINE_MAX_TOKENS}
+    t0 = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", OMNI_CHILD, str(model), str(stages), str(result)], stdout=log,
+                                stderr=subprocess.STDOUT, env=env, cwd="/tmp", start_new_session=True)
+    first_tb = None
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - t0 > timeout:
+                rec["timeout_s"] = timeout
+                break
+            # A stage that failed can leave the parent waiting on it: TRACEBACK_GRACE_S after the first traceback.
+            if first_tb is None and "Traceback (most recent call last)" in log_path.read_text(errors="replace"):
+                first_tb = time.monotonic()
+            if first_tb is not None and time.monotonic() - first_tb > TRACEBACK_GRACE_S:
+                rec["stopped_after_traceback_s"] = round(time.monotonic() - t0, 1)
+                break
+            time.sleep(1.0)
+        rec["exit_code"] = proc.poll()
+    finally:
+        try:  # the child and the stage processes it started
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    if result.is_file():
+        rec.update(json.loads(result.read_text()))
+    gens = [g["outputs"][0]["text"] if g["outputs"] else None for g in rec.get("generations", [])]
+    rec["generated"] = len(gens) == 2 and None not in gens and "error" not in rec
+    if len(gens) == 2:
+        rec["repeat_equal"] = gens[0] == gens[1]
+    text = log_path.read_text(errors="replace")
+    errors, warnings = classify_log_lines(text.splitlines())
+    rec["error_lines"] = errors[-8:]
+    rec["warning_lines"] = warnings[-8:]
+    rec["log_tail"] = text.splitlines()[-25:]
+    rec["wall_s"] = round(time.monotonic() - t0, 1)
+    (out / f"{name}.json").write_text(json.dumps(rec, indent=2))
+    print(json.dumps({k: v for k, v in rec.items() if k != "log_tail"}, indent=1), flush=True)
+    return rec
+
+
+def stage_config(model: Path, stages: Path) -> dict:
+    """What the installed vllm-omni's loader makes of ``stages`` (module docstring, `stage-config`)."""
+    import inspect
+
+    from vllm_omni.engine.arg_utils import OmniEngineArgs
+    from vllm_omni.engine.stage_init_utils import build_engine_args_dict
+    from vllm_omni.entrypoints.utils import filter_dataclass_kwargs, load_and_resolve_stage_configs
+
+    parameters = inspect.signature(load_and_resolve_stage_configs).parameters
+    if "stage_configs_path" not in parameters:  # 0.28.0+: deploy configs only
+        return {"legacy_stage_configs": False, "loader_parameters": list(parameters)}
+    keywords = {"trust_remote_code": False} if "trust_remote_code" in parameters else {}
+    _, configs = load_and_resolve_stage_configs(str(model), str(stages), {}, **keywords)[:2]
+    rec: dict = {"legacy_stage_configs": True, "stages": len(configs)}
+    stage = configs[0]
+    rec["stage_type"] = str(getattr(stage, "stage_type", None))
+    rec["engine_args"] = {k: (v if isinstance(v, (bool, int, float, str, type(None))) else str(v))
+                          for k, v in dict(stage.engine_args).items()}
+    # The AR worker class the CUDA omni platform names (CudaOmniPlatform.get_omni_ar_worker_cls); on a machine
+    # without CUDA vllm-omni's platform names none.
+    if not stage.engine_args.get("worker_cls"):
+        stage.engine_args.worker_cls = "vllm_omni.worker.gpu_ar_worker.GPUARWorker"
+    args = build_engine_args_dict(stage, str(model))
+    kept = filter_dataclass_kwargs(OmniEngineArgs, args)
+    rec["dropped_by_omni_engine_args"] = sorted(set(args) - set(kept))
+    engine_args = OmniEngineArgs(**kept)
+    rec["omni_engine_args"] = {k: getattr(engine_args, k, None) for k in (
+        "model_arch", "model_stage", "worker_type", "worker_cls", "scheduler_cls", "async_scheduling",
+        "engine_output_type", "enforce_eager", "max_model_len", "gpu_memory_utilization")}
+    from importlib import import_module
+
+    module, _, cls = str(engine_args.scheduler_cls).rpartition(".")
+    rec["scheduler_mro"] = [c.__name__ for c in getattr(import_module(module), cls).__mro__[:4]]
+    try:  # vllm-omni 0.26.0+'s engine reads stage_configs_path as a deploy config too (AsyncOmniEngine.__init__)
+        from vllm_omni.config.config_factory import StageConfigFactory
+        from vllm_omni.config.stage_config import load_deploy_config
+    except ImportError:
+        rec["deploy_reads"] = None
+    else:
+        if not hasattr(StageConfigFactory, "get_pipeline_config"):  # 0.24.0's engine does not read it so
+            rec["deploy_reads"] = None
+            return rec
+        pipeline = StageConfigFactory.get_pipeline_config(model=str(model), trust_remote_code=False,
+                                                          deploy_config_path=str(stages))
+        rec["deploy_reads"] = {"pipeline_config": None if pipeline is None else type(pipeline).__name__,
+                               "deploy_config": type(load_deploy_config(str(stages))).__name__}
+    return rec
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -432,6 +590,15 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--port", type=int, default=8091)
     s.add_argument("--startup-timeout", type=float, default=240.0)
     s.add_argument("--chat", action="store_true", help="a chat completion instead of an image (a write-llm model)")
+    o = sub.add_parser("omni")
+    o.add_argument("name")
+    o.add_argument("dir", type=Path)
+    o.add_argument("out", type=Path)
+    o.add_argument("--stage-configs-path", type=Path, required=True)
+    o.add_argument("--timeout", type=float, default=420.0)
+    c = sub.add_parser("stage-config")
+    c.add_argument("dir", type=Path)
+    c.add_argument("stages", type=Path)
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []  # more `vllm serve` arguments, after --
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -445,6 +612,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.what == "write-llm":
         print(json.dumps(write_llm(args.dir, args.seed), indent=1))
+        return 0
+    if args.what == "omni":
+        rec = offline(args.name, args.dir, args.out, stages=args.stage_configs_path.resolve(), timeout=args.timeout)
+        return 0 if rec["generated"] else 1
+    if args.what == "stage-config":
+        # One line, after vLLM's and vllm-omni's log lines (they go to stdout too).
+        print("STAGE_CONFIG " + json.dumps(stage_config(args.dir, args.stages), default=str))
         return 0
     rec = serve(args.name, args.dir, args.out, port=args.port, extra=extra, startup_timeout=args.startup_timeout,
                 chat=args.chat)

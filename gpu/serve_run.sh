@@ -1,7 +1,7 @@
-# The device calls of the served Qwen-Image check (issue 24 item 4). On the GPU machine, from the repo root (which
-# call runs which phase: `python3 gpu/serve_calls.py` on the CPU machine, from what gpu/prepare_serve.sh built; the
-# phase names and the parts each needs are gpu/serve_calls.py's PHASES, and a phase whose parts are not unpacked
-# yet stops here with the names of those parts):
+# The device calls of the served checks (issue 24 item 4, issue 35). On the GPU machine, from the repo root (which
+# call runs which phase: `python3 gpu/serve_calls.py --phases issue35` on the CPU machine, from what
+# gpu/prepare_serve.sh built; the phase names and the parts each needs are gpu/serve_calls.py's PHASES, and a phase
+# whose parts are not unpacked yet stops here with the names of those parts):
 #   bash gpu/serve_run.sh unpack          a call that only carries slices (gpu/.carry/serve/callN)
 #   bash gpu/serve_run.sh bug             (a) vLLM 0.25.1 + vllm-omni 0.24.0, unpatched
 #   bash gpu/serve_run.sh native          (b) native 0.24.0, (b') native 0.24.0 --quantization fp8
@@ -17,8 +17,22 @@
 #                                         scheduler patch, measured in serve_r5, is the bridge)
 #   bash gpu/serve_run.sh diag            DIAGNOSTIC: vllm_compat + gpu/serve_diag_reuse_port.py, 0.25.1 and 0.25.1 fp8
 #                                         (DIAG_ONLY_NOLOADER=1: 0.25.1 fp8 with the loader patch left out, only)
+#   Issue 35 (vLLM 0.26.0 + vllm-omni 0.26.0, the native pair; the offline Omni API):
+#   bash gpu/serve_run.sh llm026          the llm phase's model and stage config on vLLM 0.26.0 + vllm-omni 0.26.0:
+#                                         native (llm_native026), then vllm_compat (llm_compat026)
+#   bash gpu/serve_run.sh llm026_async    native, the stage on vllm-omni's async AR scheduler class
+#                                         (gpu/llm_stage_async.yaml): llm_native026_async
+#   bash gpu/serve_run.sh llm026_noec     vllm_compat with omni_output_ec_transfer_params left out: llm_compat026_noec
+#   bash gpu/serve_run.sh omni026         the offline Omni API, the same AR stage, greedy generate twice: native
+#                                         (omni_native026), then vllm_compat (omni_compat026)
+#   bash gpu/serve_run.sh omni0251        the same offline run: native 0.24.0 (omni_native024), then vllm_compat on
+#                                         vLLM 0.25.1 + vllm-omni 0.24.0 (omni_compat0251)
+#   bash gpu/serve_run.sh omni0251_noscheduler   omni_compat0251 with ar_scheduler_v1_runner left out
+#   bash gpu/serve_run.sh image026        the tiny Qwen-Image served on 0.26.0 + 0.26.0: native (image_native026),
+#                                         then vllm_compat (image_compat026); pixels and PNG bytes compared
 # Each phase writes $OUT/serve_<run>.json after each run, $OUT/serve_<phase>_logs.tar.gz (server logs, PNGs,
-# records; renewed after each run) and $OUT/serve_<phase>.json (every run's record plus the image comparisons). The tiny model is written once per machine
+# records; renewed after each run) and $OUT/serve_<phase>.json (every run's record, the image comparisons and the texts
+# of every run on this machine so far, grouped by equal text). The tiny models are written once per machine
 # (deterministic: the same files from the same seed, digest in the record).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +57,8 @@ decisions() {  # what vllm_compat decided in an interpreter that imported vllm-o
     (cd /tmp && python3 -c "
 import vllm_omni.entrypoints.cli.main, vllm_omni.entrypoints.openai.api_server, vllm, vllm_compat
 import vllm_omni.diffusion.model_loader.diffusers_loader  # the loader patch decides when its module loads
+import vllm_omni.core.sched.omni_ar_scheduler, vllm_omni.core.sched.omni_generation_scheduler  # the scheduler patches
+import vllm_omni.outputs, vllm_omni.entrypoints.async_omni  # ec_transfer_params, session_id
 print('vllm', vllm.__version__)
 for d in vllm_compat.current_decisions():
     print(d.name, d.action, getattr(d, 'variant', ''), (d.reason or '')[:160], sep=' | ')
@@ -60,6 +76,17 @@ run() {  # name vllm-tag port [serve args...]; SERVE_CHAT=1: the tiny LM and a c
         python3 gpu/serve_check.py serve "$name" "$MODEL" "$W" --port "$port" --startup-timeout 180 -- --enforce-eager "$@"
     fi
     # What is done so far comes back even if a later run outlasts the call.
+    cp "$W/$name.json" "$OUT/serve_$name.json"
+    tar -C $VCS/out -czf "$OUT/serve_${phase}_logs.tar.gz" "$phase"
+}
+offline() {  # name vllm-tag: the offline Omni API with one AR stage (gpu/llm_stage.yaml, or SERVE_STAGES)
+    local name=$1 tag=$2
+    serve_env "$tag"
+    echo "=== $name (vLLM $tag, offline Omni) $(date -u +%T)"
+    # 270 s each: two offline runs and the unpacking fit one 600 s call even if both hang (a stage init took 130-145 s
+    # in the served runs; a failure with a traceback is cut 60 s after it).
+    python3 gpu/serve_check.py omni "$name" "$LLM" "$W" --timeout 270 \
+        --stage-configs-path "${SERVE_STAGES:-$PWD/gpu/llm_stage.yaml}"
     cp "$W/$name.json" "$OUT/serve_$name.json"
     tar -C $VCS/out -czf "$OUT/serve_${phase}_logs.tar.gz" "$phase"
 }
@@ -114,6 +141,48 @@ elif [ "$phase" = llm_v1 ]; then  # the llm phase's vllm_compat run once more, v
     compat_install || { echo "compat_install failed"; exit 1; }
     SERVE_CHAT=1 run llm_compat0251_v1 0251 8114
     compat_uninstall
+elif [ "$phase" = llm026 ]; then  # issue 35 part 1, the server: native 0.26.0 + 0.26.0, then vllm_compat
+    llm_model
+    compat_uninstall 2>/dev/null
+    SERVE_CHAT=1 run llm_native026 026 8121
+    compat_install || { echo "compat_install failed"; exit 1; }
+    decisions 026
+    SERVE_CHAT=1 run llm_compat026 026 8122
+    compat_uninstall
+elif [ "$phase" = llm026_async ]; then  # native, the stage on vllm-omni's async AR scheduler class
+    llm_model
+    compat_uninstall 2>/dev/null
+    SERVE_CHAT=1 SERVE_STAGES=$PWD/gpu/llm_stage_async.yaml run llm_native026_async 026 8123
+elif [ "$phase" = llm026_noec ]; then  # vllm_compat without the ec_transfer_params stand-in: the completion's claim
+    llm_model
+    compat_install || { echo "compat_install failed"; exit 1; }
+    VLLM_COMPAT_DISABLE_PATCHES=omni_output_ec_transfer_params SERVE_CHAT=1 run llm_compat026_noec 026 8124
+    compat_uninstall
+elif [ "$phase" = omni026 ]; then  # issue 35 part 1, the offline API: native 0.26.0 + 0.26.0, then vllm_compat
+    llm_model
+    compat_uninstall 2>/dev/null
+    offline omni_native026 026
+    compat_install || { echo "compat_install failed"; exit 1; }
+    offline omni_compat026 026
+    compat_uninstall
+elif [ "$phase" = omni0251 ]; then  # issue 35 part 2: native 0.24.0, then vllm_compat on 0.25.1 + vllm-omni 0.24.0
+    llm_model
+    compat_uninstall 2>/dev/null
+    offline omni_native024 024
+    compat_install || { echo "compat_install failed"; exit 1; }
+    offline omni_compat0251 0251
+    compat_uninstall
+elif [ "$phase" = omni0251_noscheduler ]; then  # omni0251's vllm_compat run with ar_scheduler_v1_runner left out
+    llm_model
+    compat_install || { echo "compat_install failed"; exit 1; }
+    VLLM_COMPAT_DISABLE_PATCHES=ar_scheduler_v1_runner offline omni_compat0251_noscheduler 0251
+    compat_uninstall
+elif [ "$phase" = image026 ]; then  # issue 35 part 3: the tiny Qwen-Image on 0.26.0 + 0.26.0, native then vllm_compat
+    compat_uninstall 2>/dev/null
+    run image_native026 026 8125
+    compat_install || { echo "compat_install failed"; exit 1; }
+    run image_compat026 026 8126
+    compat_uninstall
 elif [ "$phase" = diag ]; then  # DIAGNOSTIC (gpu/serve_diag_reuse_port.py): past the setup_server stop, what next?
     compat_install || { echo "compat_install failed"; exit 1; }
     SP=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -135,21 +204,46 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 w, phase, out, start = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), float(sys.argv[4])
-recs = {p.stem: json.loads(p.read_text()) for p in sorted(w.glob("*.json")) if p.stem != "model"}
+def records(folder):  # a run's record; the model's and the offline child's own files left out
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))
+            if p.stem != "model" and not p.stem.endswith(".child")}
+recs = records(w)
 summary = {"phase": phase, "model": json.loads((w / "model.json").read_text()), "runs": recs,
            "phase_wall_s": round(time.time() - start, 1)}
-# Image comparisons against every image of this machine so far (earlier phases kept under $VCS/out).
+# Image comparisons against every image of this machine so far (earlier phases kept under $VCS/out): the decoded
+# pixels and the PNG bytes (each record's png_sha256).
+everything = {k: v for d in sorted(w.parent.iterdir()) if d.is_dir() for k, v in records(d).items()}
 pngs = {p.stem: p for p in sorted(w.parent.glob("*/*.png"))}
+png_sha = {k: (r.get("images") or [{}])[0].get("png_sha256") for k, r in everything.items()}
 arrs = {k: np.asarray(Image.open(p).convert("RGB")).astype(np.int16) for k, p in pngs.items()}
 cmp = {}
 for a in arrs:
     for b in arrs:
         if a < b:
             d = np.abs(arrs[a] - arrs[b])
-            cmp[f"{a} vs {b}"] = {"equal": bool((d == 0).all()), "max_abs": int(d.max()), "mean_abs": float(d.mean())}
+            cmp[f"{a} vs {b}"] = {"equal": bool((d == 0).all()), "max_abs": int(d.max()), "mean_abs": float(d.mean()),
+                                  "png_equal": png_sha.get(a) is not None and png_sha.get(a) == png_sha.get(b)}
 summary["image_comparisons"] = cmp
+# The texts of every run on this machine so far (served chat and completion, offline generate), grouped by text.
+texts = {}
+for k, r in everything.items():
+    for i, c in enumerate(r.get("chats") or []):
+        texts[f"{k}.chat{i}"] = c["text"]
+    if r.get("completion"):
+        texts[f"{k}.completion"] = r["completion"]["text"]
+    for i, g in enumerate(r.get("generations") or []):
+        if g.get("outputs"):
+            texts[f"{k}.offline{i}"] = g["outputs"][0]["text"]
+groups = {}
+for k, t in texts.items():
+    groups.setdefault(t, []).append(k)
+summary["texts"] = texts
+summary["equal_texts"] = [{"text": t, "runs": ks} for t, ks in groups.items()]
 (out / f"serve_{phase}.json").write_text(json.dumps(summary, indent=2))
-print(json.dumps({k: {kk: v.get(kk) for kk in ("started", "exit_code", "health_after_s", "repeat_equal", "sigint_stop_s", "error_lines")} for k, v in recs.items()}, indent=1))
+keys = ("started", "exit_code", "health_after_s", "init_s", "generated", "repeat_equal", "sigint_stop_s", "error",
+        "error_lines")
+print(json.dumps({k: {kk: v.get(kk) for kk in keys if kk in v} for k, v in recs.items()}, indent=1))
 print(json.dumps(cmp, indent=1))
+print(json.dumps(summary["equal_texts"], indent=1))
 EOF
 tar -C $VCS/out -czf "$OUT/serve_${phase}_logs.tar.gz" "$phase"

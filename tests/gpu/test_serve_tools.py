@@ -1,11 +1,15 @@
-"""The served checks' CPU-side tools (no GPU, no vLLM): the device call list derived from prepare_serve.sh's output
-(gpu/serve_calls.py) and the rule that keeps warnings out of a record's ``error_lines`` (gpu/serve_check.py), on the
-lines and server logs of the runs recorded in gpu/results/."""
+"""The served checks' CPU-side tools (no GPU): the device call list derived from prepare_serve.sh's output
+(gpu/serve_calls.py), the phases of gpu/serve_run.sh and the parts gpu/prepare_serve.sh builds for them, the rule that
+keeps warnings out of a record's ``error_lines`` (gpu/serve_check.py) on the lines and server logs of the runs
+recorded in gpu/results/, the offline run's record (``serve_check.py omni``, its child stood in for), and, where
+vllm-omni is installed, what its own loader makes of the stage configs the phases pass (``serve_check.py
+stage-config``)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -141,7 +145,8 @@ CALLS = [
 
 def test_plan_gives_each_phase_the_first_call_that_completes_its_parts(tmp_path):
     d = _fake_build(tmp_path / "serve", CALLS, MANIFEST)
-    rows = serve_calls.plan(serve_calls.read_calls(d / "calls.txt"), serve_calls.read_manifest(d / "MANIFEST"))
+    rows = serve_calls.plan(serve_calls.read_calls(d / "calls.txt"), serve_calls.read_manifest(d / "MANIFEST"),
+                            serve_calls.RERUNS["issue24"])
     assert [(r["call"], r["carry"], r["phase"]) for r in rows] == [
         (1, ["gpu/.carry/serve/call1"], "unpack"),
         (2, ["gpu/.carry/serve/call2"], "unpack"),
@@ -170,6 +175,8 @@ def test_plan_refuses_a_phase_whose_parts_never_arrive_and_an_unknown_phase(tmp_
     d = _fake_build(tmp_path, CALLS[:3], MANIFEST)
     calls = serve_calls.read_calls(d / "calls.txt")
     with pytest.raises(ValueError, match="native needs fa3_024|native needs .*py024"):
+        serve_calls.plan(calls, MANIFEST, serve_calls.RERUNS["issue24"])
+    with pytest.raises(ValueError, match="llm026 needs .*fa3_026"):  # a 0.24/0.25.1 build cannot run issue 35
         serve_calls.plan(calls, MANIFEST)
     with pytest.raises(ValueError, match="unknown phase 'natve'"):
         serve_calls.plan(calls, MANIFEST, ("natve",))
@@ -177,8 +184,8 @@ def test_plan_refuses_a_phase_whose_parts_never_arrive_and_an_unknown_phase(tmp_
 
 def test_cli_dry_run_on_a_fake_build_prints_the_calls_and_checks_the_size(tmp_path):
     d = _fake_build(tmp_path / "ok", CALLS, MANIFEST)
-    run = subprocess.run([sys.executable, "gpu/serve_calls.py", "--dir", str(d), "--json"], cwd=ROOT,
-                         capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "gpu/serve_calls.py", "--dir", str(d), "--json", "--phases", "issue24"],
+                         cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     assert [r["phase"] for r in out["calls"]][:5] == ["unpack", "unpack", "bug", "unpack", "native"]
@@ -187,7 +194,7 @@ def test_cli_dry_run_on_a_fake_build_prints_the_calls_and_checks_the_size(tmp_pa
         assert out["calls"][0]["total_mib"] == pytest.approx(40 + out["tree_mib"], abs=0.01)
         # A call folder as large as the old default (60 MiB) leaves under the 2 MiB margin beside this tree.
         big = _fake_build(tmp_path / "big", CALLS, MANIFEST, mib=62)
-        run = subprocess.run([sys.executable, "gpu/serve_calls.py", "--dir", str(big)], cwd=ROOT,
+        run = subprocess.run([sys.executable, "gpu/serve_calls.py", "--dir", str(big), "--phases", "bug"], cwd=ROOT,
                              capture_output=True, text=True)
         assert run.returncode == 1 and "re-slice smaller" in run.stderr, run.stderr
     run = subprocess.run([sys.executable, "gpu/serve_calls.py", "--dir", str(tmp_path / "none")], cwd=ROOT,
@@ -195,16 +202,84 @@ def test_cli_dry_run_on_a_fake_build_prints_the_calls_and_checks_the_size(tmp_pa
     assert run.returncode == 1 and "prepare_serve.sh" in run.stderr
 
 
+def _prepare_parts(sets: str | None = None) -> list[str]:
+    """The parts gpu/prepare_serve.sh builds, in carry order, for SERVE_SETS=``sets`` (default: its own default):
+    its SETS / ver_of / omni_of / PARTS lines, run by bash."""
+    prep = (ROOT / "gpu" / "prepare_serve.sh").read_text().splitlines()
+    start = next(i for i, line in enumerate(prep) if line.startswith("SETS="))
+    first = next(i for i, line in enumerate(prep) if line.startswith("ver_of()"))
+    end = next(i for i, line in enumerate(prep) if i > first and line == "done")
+    script = "\n".join([prep[start], *prep[first:end + 1], 'echo "${PARTS[@]}"'])
+    env = {"PATH": "/usr/bin:/bin", **({"SERVE_SETS": sets} if sets else {})}
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, check=True).stdout.split()
+
+
 def test_phase_table_matches_serve_run_and_prepare_serve():
     run_sh = (ROOT / "gpu" / "serve_run.sh").read_text()
     phases = {"unpack", *re.findall(r'\[ "\$phase" = (\w+) \]', run_sh)}
     assert phases == set(serve_calls.PHASES)
-    assert set(serve_calls.DEFAULT_PHASES) <= phases
-    prep = (ROOT / "gpu" / "prepare_serve.sh").read_text()
-    (order,) = re.findall(r"^for part in ([\w ]+); do$", prep, flags=re.M)
-    assert set(order.split()) == set(serve_calls.BOTH)
+    assert all(set(run) <= phases for run in serve_calls.RERUNS.values())
+    assert serve_calls.DEFAULT_PHASES == serve_calls.RERUNS["issue35"]
+    # Every phase is in serve_run.sh's header and in the how-to (gpu/results.md).
+    how_to = (ROOT / "gpu" / "results.md").read_text()
+    for phase in phases:
+        assert f"serve_run.sh {phase} " in run_sh, phase
+        assert f"`{phase}`" in how_to, phase
+    # prepare_serve.sh builds the parts every phase needs, the first set of SERVE_SETS first.
+    parts = _prepare_parts()
+    assert parts[:5] == list(serve_calls.SET_026) and set(parts) == set(serve_calls.ALL_PARTS)
+    assert _prepare_parts("026") == list(serve_calls.SET_026)
+    assert set(_prepare_parts("0251 024")) == set(serve_calls.BOTH)
+    for tag in ("024", "0.25.1", "0.26.0"):
+        assert (ROOT / "gpu" / f"deps-serve-v{'0.24.0' if tag == '024' else tag}.txt").is_file()
     assert subprocess.run([sys.executable, "gpu/serve_calls.py", "needs", "nope"], cwd=ROOT,
                           capture_output=True).returncode == 2
+    # The stage configs the phases pass exist.
+    for stages in re.findall(r"\$PWD/(gpu/[\w.]+\.yaml)", run_sh):
+        assert (ROOT / stages).is_file(), stages
+
+
+def test_bash_scripts_parse():
+    for script in ("prepare_serve.sh", "serve_run.sh", "device_env_serve.sh"):
+        done = subprocess.run(["bash", "-n", str(ROOT / "gpu" / script)], capture_output=True, text=True)
+        assert done.returncode == 0, (script, done.stderr)
+
+
+MANIFEST_35 = {"so026": 2, "py026": 1, "deps": 2, "fa3_026": 1, "omni026": 1, **{
+    k: v for k, v in MANIFEST.items() if k != "deps"}}
+CALLS_35 = [
+    ["so026.tar.xz.00", "so026.tar.xz.01", "py026.tar.xz.00"],
+    ["deps.tar.xz.00", "deps.tar.xz.01", "fa3_026.tar.xz.00", "omni026.tar.xz.00"],  # the 0.26.0 set is complete
+    ["so0251.tar.xz.00", "so0251.tar.xz.01", "py0251.tar.xz.00"],
+    ["fa3_0251.tar.xz.00", "omni024.tar.xz.00", "fa3_024.tar.xz.00"],
+    ["py024.tar.xz.00", "so024.tar.xz.00", "so024.tar.xz.01"],  # and the 0.25.1 + 0.24.0 sets here
+]
+
+
+def test_issue35_plan_runs_the_026_phases_while_the_other_sets_are_carried(tmp_path):
+    d = _fake_build(tmp_path / "serve35", CALLS_35, MANIFEST_35)
+    rows = serve_calls.plan(serve_calls.read_calls(d / "calls.txt"), serve_calls.read_manifest(d / "MANIFEST"))
+    assert [(r["call"], r["carry"] != [], r["phase"]) for r in rows] == [
+        (1, True, "unpack"), (2, True, "llm026"), (3, True, "llm026_async"), (4, True, "image026"),
+        (5, True, "omni026"), (6, False, "omni0251"),
+    ]
+    rows = serve_calls.plan(serve_calls.read_calls(d / "calls.txt"), MANIFEST_35,
+                            serve_calls.phase_list("issue35_all"))
+    assert [r["phase"] for r in rows][5:] == ["omni0251", "llm026_noec", "omni0251_noscheduler"]
+    assert [r["carry"] for r in rows][5:] == [[], [], []]
+    run = subprocess.run([sys.executable, "gpu/serve_calls.py", "--dir", str(d), "--json"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert [r["phase"] for r in json.loads(run.stdout)["calls"]] == ["unpack", "llm026", "llm026_async", "image026",
+                                                                      "omni026", "omni0251"]
+    # A build of the 0.26.0 set alone (SERVE_SETS=026) runs issue 35's 0.26.0 phases and refuses part 2.
+    alone = _fake_build(tmp_path / "alone", CALLS_35[:2], {p: MANIFEST_35[p] for p in serve_calls.SET_026})
+    calls = serve_calls.read_calls(alone / "calls.txt")
+    rows = serve_calls.plan(calls, serve_calls.read_manifest(alone / "MANIFEST"), ("llm026", "image026", "omni026"))
+    assert [(r["carry"] != [], r["phase"]) for r in rows] == [(True, "unpack"), (True, "llm026"), (False, "image026"),
+                                                               (False, "omni026")]
+    with pytest.raises(ValueError, match="omni0251 needs "):
+        serve_calls.plan(calls, serve_calls.read_manifest(alone / "MANIFEST"))
 
 
 def test_build_folders_are_git_ignored():
@@ -217,3 +292,68 @@ def test_build_folders_are_git_ignored():
     if run.returncode == 128:
         pytest.skip("not a git checkout")
     assert run.stdout.split() == paths
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The offline run (serve_check.py omni) and the stage configs (serve_check.py stage-config)
+# ------------------------------------------------------------------------------------------------------------------
+
+GENERATIONS = ("import json, sys; out = {'outputs': [{'text': 'ab', 'token_ids': [1, 2], 'finish_reason': 'length'}]}; "
+               "json.dump({'generations': [out, out], 'init_s': 1.0}, open(sys.argv[3], 'w'))")
+
+
+def test_offline_record_from_the_childs_result(tmp_path, monkeypatch):
+    """The record ``omni`` writes from its child's result file and log (the child stood in for: it needs a GPU)."""
+    monkeypatch.setattr(_serve_check, "OMNI_CHILD", GENERATIONS + "; print(" + repr(MOE_WARNING) + ")")
+    rec = _serve_check.offline("ok", tmp_path / "m", tmp_path, stages=tmp_path / "s.yaml", timeout=60)
+    assert rec["generated"] and rec["repeat_equal"] and rec["exit_code"] == 0 and rec["init_s"] == 1.0
+    assert rec["error_lines"] == [] and rec["warning_lines"] == [MOE_WARNING]
+    assert json.loads((tmp_path / "ok.json").read_text())["generated"]
+    # A child that fails prints its traceback and hangs (a stage that died): stopped after the grace, not generated.
+    monkeypatch.setattr(_serve_check, "TRACEBACK_GRACE_S", 1.0)
+    monkeypatch.setattr(_serve_check, "OMNI_CHILD", "import sys, time; print('Traceback (most recent call last):'); "
+                        "print('RuntimeError: Orchestrator initialization failed'); sys.stdout.flush(); time.sleep(60)")
+    rec = _serve_check.offline("stuck", tmp_path / "m", tmp_path, stages=tmp_path / "s.yaml", timeout=60)
+    assert not rec["generated"] and "stopped_after_traceback_s" in rec and rec["wall_s"] < 30
+    assert rec["error_lines"] == ["RuntimeError: Orchestrator initialization failed"]
+
+
+def _omni_version():
+    try:
+        from importlib.metadata import version
+
+        return version("vllm-omni")
+    except Exception:  # noqa: BLE001 - not installed
+        return None
+
+
+@pytest.mark.skipif(_omni_version() is None, reason="needs vllm-omni installed (a cell env): its own stage loader")
+@pytest.mark.parametrize(("stages", "scheduler"), [("llm_stage.yaml", "OmniARScheduler"),
+                                                   ("llm_stage_async.yaml", "OmniARAsyncScheduler")])
+def test_stage_configs_parse_with_the_installed_vllm_omnis_loader(tmp_path, stages, scheduler):
+    """gpu/llm_stage.yaml (vllm-omni 0.24.0's legacy format) through the installed vllm-omni's own loader, engine-args
+    builder and ``OmniEngineArgs``: the same engine args for 0.24.0 and 0.26.0, nothing dropped, the scheduler class
+    named; 0.28.0+ dropped the legacy format (deploy configs only), which the record says."""
+    from packaging.version import Version
+
+    (tmp_path / "config.json").write_text(json.dumps({  # the tiny Qwen2's config (the loader reads nothing else)
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 320, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1}))
+    done = subprocess.run([sys.executable, "gpu/serve_check.py", "stage-config", str(tmp_path), f"gpu/{stages}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "VLLM_COMPAT_DISABLE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    rec = json.loads(done.stdout.split("STAGE_CONFIG ", 1)[1])
+    if Version(_omni_version()) >= Version("0.28"):
+        assert rec == {"legacy_stage_configs": False, "loader_parameters": rec["loader_parameters"]}
+        assert "stage_configs_path" not in rec["loader_parameters"]
+        return
+    assert rec["legacy_stage_configs"] and rec["stages"] == 1 and rec["stage_type"] == "llm"
+    assert rec["dropped_by_omni_engine_args"] == []
+    args = rec["omni_engine_args"]
+    assert args["scheduler_cls"] == f"vllm_omni.core.sched.omni_ar_scheduler.{scheduler}"
+    assert rec["scheduler_mro"][0] == scheduler
+    assert (args["model_arch"], args["model_stage"], args["worker_type"]) == ("TransformersForCausalLM", "llm", "ar")
+    assert args["async_scheduling"] is None  # vLLM's default: on, resolved on the GPU
+    if Version(_omni_version()) >= Version("0.26"):  # its engine reads the file as a deploy config too
+        assert rec["deploy_reads"] == {"pipeline_config": None, "deploy_config": "DeployConfig"}
