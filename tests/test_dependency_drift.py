@@ -217,7 +217,8 @@ def render_tested_overrides(cells: list[dict]) -> str:
     """The text of vllm_compat/tested_overrides.py for these cells."""
     pairs: dict = {}
     for cell in cells:
-        lines = (*cell.get("overrides", ()), *(o["line"] for o in cell.get("breakage_overrides", ())))
+        lines = (*cell.get("overrides", ()), *(o["line"] for key in ("breakage_overrides", "index_overrides")
+                                               for o in cell.get(key, ())))
         if cell.get("vllm_omni") and lines:
             key = ("vllm", cell["vllm"], "vllm-omni", cell["vllm_omni"])
             pairs.setdefault(key, {})[cell["id"]] = lines

@@ -203,7 +203,27 @@ def test_vllm_034_pins_a_flashinfer_the_index_lacks(tmp_path):
         pytest.skip(f"vllm==0.34.0 resolves today (flashinfer-python {compiled.version_of('flashinfer-python')}): "
                     f"the index has its pin now")
     assert compiled.status == "unresolvable" and "flashinfer-python==0.7.3" in compiled.missing
-    assert "flashinfer-python==0.7.3 not on the index" in resolution.short_text()
+    assert "uv: NO SOLUTION, flashinfer-python==0.7.3 not on the index" in resolution.short_text()
+    assert resolution.override_lines == [] and resolution.fix is None  # no cell's line given: nothing to try
+
+
+@network
+def test_a_missing_pin_takes_the_line_a_cell_installs_instead_and_the_pair_then_resolves(tmp_path):
+    """vLLM 0.34.0 + vllm-omni 0.30.0 (the matrix's conflict overrides): the index lacks flashinfer-python 0.7.3;
+    the cells of the pair install 0.7.4 (index_overrides); with it the pair resolves, and what it resolves to is
+    listed and judged like any resolution."""
+    tested = {"flashinfer-python==0.7.4": ("v0.34-omni0.30",), "huggingface-hub==2.4.0": ("v0.34-omni0.30",)}
+    resolution = resolve_pair(["vllm==0.34.0", "vllm-omni==0.30.0"], ["huggingface-hub==2.4.0",
+                                                                       "transformers==5.22.2"], tested=tested)
+    if resolution.first.compiled.status == "resolved":
+        pytest.skip("vllm==0.34.0 resolves today: the index has flashinfer-python 0.7.3 now")
+    assert resolution.override_lines[0] == "flashinfer-python==0.7.4"
+    assert resolution.fix is not None and resolution.fix.compiled.version_of("flashinfer-python") == "0.7.4"
+    assert resolution.fix.listed > 200 and resolution.fix_ok() is True, resolution.fix_text()
+    assert resolution.short_text().startswith("uv: flashinfer-python==0.7.3 not on the index -> overrides "
+                                              "flashinfer-python==0.7.4")
+    assert resolution.short_text().endswith("(tested)")
+    assert "flashinfer-python==0.7.4: tested by matrix cell v0.34-omni0.30" in "\n".join(resolution.render_lines())
 
 
 # ------------------------------------------------------------------------------------------------ the screen

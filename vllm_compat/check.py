@@ -243,11 +243,11 @@ def run(vllm: CheckInput, omni: CheckInput, resolve: bool = False) -> CheckResul
         from .dependency_drift import tested_for
         from .resolution import resolve_pair
 
+        tested = {line: tuple(cells) for line, cells in tested_for(
+            (vllm.distribution, vllm.version), (omni.distribution, omni.version)).values()}
         dependencies.resolution = resolve_pair(
             [f"{vllm.distribution}=={vllm.version}", f"{omni.distribution}=={omni.version}"],
-            dependencies.override_lines)
-        dependencies.resolution.tested = {line: tuple(cells) for line, cells in tested_for(
-            (vllm.distribution, vllm.version), (omni.distribution, omni.version)).values()}
+            dependencies.override_lines, tested=tested)
     return CheckResult(vllm=vllm, omni=omni, report=report, dependencies=dependencies)
 
 

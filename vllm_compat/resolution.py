@@ -386,11 +386,12 @@ class Resolution:
 
     @property
     def override_lines(self) -> list[str]:
-        """The override lines the clashes name (each once), for ``check --overrides``."""
-        lines = []
-        for finding in self.findings:
-            if finding.action == "override" and finding.fix not in lines:
-                lines.append(finding.fix)
+        """The override lines this resolution names (each once), for ``check --overrides``: the clashes' (of the
+        first resolution, then of the fix), and for a pin the index lacks the line a matrix cell of the pair
+        installs instead (``tested``)."""
+        lines = named_lines(self.first, self.tested)
+        if self.fix is not None:
+            lines += [line for line in named_lines(self.fix, self.tested) if line not in lines]
         return lines
 
     @property
@@ -407,9 +408,10 @@ class Resolution:
         if compiled.status != "resolved":
             return f"with {', '.join(self.override_lines)}: {compiled.status}: {compiled.reason}"
         left = [f for f in self.fix.findings if f.action in ("override", "unknown", "not_harmless")]
-        picked = ", ".join(f"{name} {compiled.version_of(name) or '?'}" for name in
-                           sorted({_canonical(n) for f in self.findings if f.action == "override"
-                                   for n in (f.clash.first.name, f.clash.second.name)}))
+        names = {_canonical(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0]) for line in self.override_lines}
+        names |= {_canonical(n) for f in (*self.findings, *self.fix.findings) if f.action == "override"
+                  for n in (f.clash.first.name, f.clash.second.name)}
+        picked = ", ".join(f"{name} {compiled.version_of(name) or '?'}" for name in sorted(names))
         return (f"with {', '.join(self.override_lines)}: uv picks {picked}; "
                 + ("no clash left that is not harmless" if not left else
                    "still: " + "; ".join(f"{f.pair()} ({f.action})" for f in left)))
@@ -438,6 +440,9 @@ class Resolution:
             return f"resolution not checked (uv: {compiled.reason})"
         if compiled.status == "unresolvable":
             what = f"{_first(compiled.missing)} not on the index" if compiled.missing else compiled.reason
+            if self.fix_ok():  # a cell's line replaces the missing pin, and what it resolves to installs
+                proven = "tested" if all(line in self.tested for line in self.override_lines) else "untested"
+                return f"uv: {what} -> overrides {', '.join(self.override_lines)} ({proven})"
             return f"uv: NO SOLUTION, {what} (--verbose)"
         head = f"uv resolves {len(compiled.packages)} packages, "
         parts = []
@@ -471,7 +476,7 @@ class Resolution:
             if compiled.missing:
                 lines.append(f"{indent}  not on the index: {', '.join(compiled.missing)} (a pin the index lacks: "
                              f"the pair does not install from it as is)")
-            return lines
+            return lines + self._fix_lines(indent)
         lines.append(f"{indent}  {len(compiled.packages)} packages, {first.listed} wheels listed by range requests "
                      f"({first.listings_cached} from the cache, {first.fetched_bytes / 1e6:.1f} MB in "
                      f"{first.requests} requests, {first.list_seconds:.1f} s)"
@@ -483,8 +488,11 @@ class Resolution:
         for finding in self.findings:
             lines += [f"{indent}  {finding.clash.describe()}", f"{indent}    {finding.clash.on_disk_text()}",
                       f"{indent}    -> {finding.resolution()}"]
-        if self.fix is not None:
-            lines.append(f"{indent}  checked: {self.fix_text()}")
+        return lines + self._fix_lines(indent)
+
+    def _fix_lines(self, indent: str) -> list[str]:
+        """The re-resolution with the named lines, and which matrix cell installs with each line."""
+        lines = [f"{indent}  checked: {self.fix_text()}"] if self.fix is not None else []
         for line in self.override_lines:
             cells = self.tested.get(line)
             lines.append(f"{indent}  {line}: " + (f"tested by matrix cell {', '.join(cells)}" if cells else
@@ -497,14 +505,34 @@ def _first(items) -> str:
     return items[0] + (f", +{len(items) - 1} more" if len(items) > 1 else "")
 
 
-def resolve_pair(requirements: list[str], overrides: list[str], directory: Path | None = None) -> Resolution:
+def named_lines(resolved: Resolved, tested: dict[str, tuple[str, ...]]) -> list[str]:
+    """The override lines one resolution names: each clash's row's, and for each pin the index lacks
+    (``Compiled.missing``: flashinfer-python==0.7.3 for vLLM 0.34.0 today) the line of the same package a matrix
+    cell of the pair installs with (``tested``: its ``index_overrides``); none for a pin no cell replaces."""
+    lines = [f.fix for f in resolved.findings if f.action == "override"]
+    for pin in resolved.compiled.missing:
+        name = _canonical(re.split(r"[<>=!~;\[ ]", pin, maxsplit=1)[0])
+        lines += [line for line in tested if _canonical(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0]) == name]
+    return list(dict.fromkeys(lines))
+
+
+FIX_ROUNDS = 3  # a missing pin's line, then the clash its resolution shows (0.34: flashinfer, then cuda-python)
+
+
+def resolve_pair(requirements: list[str], overrides: list[str], directory: Path | None = None,
+                 tested: dict[str, tuple[str, ...]] | None = None) -> Resolution:
     """The module's three steps for ``requirements`` (``["vllm==0.33.0", "vllm-omni==0.24.0"]``) with the
-    conflict ``overrides``; then, when the clashes name override lines, once more with them added."""
+    conflict ``overrides``; then, while a resolution names override lines not yet tried (``named_lines``), once
+    more with them added (at most ``FIX_ROUNDS``); ``fix`` is the last of those. ``tested``: {override line:
+    the matrix cells of the pair installing with it}."""
     start = time.perf_counter()
-    first = resolve_and_list(requirements, overrides, directory)
-    resolution = Resolution(first)
-    named = [line for line in resolution.override_lines if line not in overrides]
-    if named:
-        resolution.fix = resolve_and_list(requirements, [*overrides, *named], directory)
+    resolution = Resolution(resolve_and_list(requirements, overrides, directory), tested=dict(tested or {}))
+    lines = list(overrides)
+    for _ in range(FIX_ROUNDS):
+        named = [line for line in resolution.override_lines if line not in lines]
+        if not named:
+            break
+        lines += named
+        resolution.fix = resolve_and_list(requirements, lines, directory)
     resolution.seconds = time.perf_counter() - start
     return resolution

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -339,9 +338,13 @@ def test_stage_configs_parse_with_the_installed_vllm_omnis_loader(tmp_path, stag
     (tmp_path / "config.json").write_text(json.dumps({  # the tiny Qwen2's config (the loader reads nothing else)
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 320, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1}))
+    # vllm_compat active, as users run it: vllm-omni 0.24.0 imports its stage config through scheduler modules
+    # that need a stand-in on vLLM 0.31+ (RoutedExpertsLists); the loader it reaches is vllm-omni's own either way
     done = subprocess.run([sys.executable, "gpu/serve_check.py", "stage-config", str(tmp_path), f"gpu/{stages}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "VLLM_COMPAT_DISABLE": "1"})
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+    if done.returncode != 0 and last.startswith(("ImportError", "ModuleNotFoundError")):
+        pytest.skip(f"vllm-omni's stage-config modules do not import on this vLLM, vllm_compat active: {last}")
     assert done.returncode == 0, done.stderr[-3000:]
     rec = json.loads(done.stdout.split("STAGE_CONFIG ", 1)[1])
     if Version(_omni_version()) >= Version("0.28"):
