@@ -246,6 +246,19 @@ def _image_record(b64: str) -> dict:
             "shape": list(arr.shape), "mean": float(arr.mean()), "std": float(arr.std()), "png_bytes": len(png)}, png
 
 
+def finish_record(rec: dict, log_path: Path, out: Path, name: str, t0: float) -> dict:
+    """A run's record completed from its log (errors and warnings apart, the tail) and wall time, written to
+    ``out/name.json`` and printed without the tail."""
+    text = log_path.read_text(errors="replace")
+    errors, warnings = classify_log_lines(text.splitlines())
+    rec["error_lines"] = errors[-8:]
+    rec["warning_lines"] = warnings[-8:]
+    rec["log_tail"] = text.splitlines()[-25:]
+    rec["wall_s"] = round(time.monotonic() - t0, 1)
+    (out / f"{name}.json").write_text(json.dumps(rec, indent=2))
+    print(json.dumps({k: v for k, v in rec.items() if k != "log_tail"}, indent=1), flush=True)
+    return rec
+
 def serve(name: str, model: Path, out: Path, *, port: int, extra: list[str], startup_timeout: float,
           chat: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
@@ -327,15 +340,7 @@ def serve(name: str, model: Path, out: Path, *, port: int, extra: list[str], sta
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    text = log_path.read_text(errors="replace")
-    errors, warnings = classify_log_lines(text.splitlines())
-    rec["error_lines"] = errors[-8:]
-    rec["warning_lines"] = warnings[-8:]
-    rec["log_tail"] = text.splitlines()[-25:]
-    rec["wall_s"] = round(time.monotonic() - t0, 1)
-    (out / f"{name}.json").write_text(json.dumps(rec, indent=2))
-    print(json.dumps({k: v for k, v in rec.items() if k != "log_tail"}, indent=1), flush=True)
-    return rec
+    return finish_record(rec, log_path, out, name, t0)
 
 
 # The server log's lines (gpu/results/ records, `error_lines`):
@@ -513,15 +518,7 @@ def offline(name: str, model: Path, out: Path, *, stages: Path, timeout: float) 
     rec["generated"] = len(gens) == 2 and None not in gens and "error" not in rec
     if len(gens) == 2:
         rec["repeat_equal"] = gens[0] == gens[1]
-    text = log_path.read_text(errors="replace")
-    errors, warnings = classify_log_lines(text.splitlines())
-    rec["error_lines"] = errors[-8:]
-    rec["warning_lines"] = warnings[-8:]
-    rec["log_tail"] = text.splitlines()[-25:]
-    rec["wall_s"] = round(time.monotonic() - t0, 1)
-    (out / f"{name}.json").write_text(json.dumps(rec, indent=2))
-    print(json.dumps({k: v for k, v in rec.items() if k != "log_tail"}, indent=1), flush=True)
-    return rec
+    return finish_record(rec, log_path, out, name, t0)
 
 
 def stage_config(model: Path, stages: Path) -> dict:

@@ -154,4 +154,4 @@ def test_check_writes_the_pairs_set_as_constraints(capsys, tmp_path, monkeypatch
     assert "# install: uv pip install vllm==0.31.0 vllm-omni==0.24.0 -c THIS_FILE" in " ".join(written)
     main(["check", str(vllm), str(omni)])
     screen = capsys.readouterr().out
-    assert "tested install: the 3 versions cell v0.31-omni0.24 passed with (2026-12-05)" in screen
+    assert "tested install: cell v0.31-omni0.24's 3 versions (2026-12-05): --constraints FILE" in screen

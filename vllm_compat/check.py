@@ -187,8 +187,8 @@ class CheckResult:
 
         tested = self.tested_set
         if tested is not None:
-            return (f"  tested install: the {len(tested.pins)} versions cell {tested.cell} passed with "
-                    f"({tested.passed}): --constraints FILE writes them")
+            return (f"  tested install: cell {tested.cell}'s {len(tested.pins)} versions ({tested.passed}): "
+                    f"--constraints FILE")
         versions = self.report.static.versions
         cells = cells_testing(versions.get("vllm"), versions.get("vllm-omni"))
         if versions.get("vllm-omni") and cells:
