@@ -29,27 +29,27 @@ SCHEDULERS = {"ar": ("vllm_omni.core.sched.omni_ar_scheduler", "OmniARScheduler"
               "generation": ("vllm_omni.core.sched.omni_generation_scheduler", "OmniGenerationScheduler")}
 
 
-def main(model_dir: str, which: str) -> None:
+def scheduler_class_of(where: tuple[str, str]):
     import importlib
 
+    module, name = where
+    return getattr(importlib.import_module(module), name)
+
+
+def build_scheduler(model_dir: str, scheduler_class, **scheduler_options):
+    """``scheduler_class`` (vLLM's real config, V2 model runner said, one KV group) for the tiny model written to
+    ``model_dir``; returns it and its ``VllmConfig``. ``scheduler_options``: more ``SchedulerConfig`` fields."""
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.sampling_params import SamplingParams
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
-
-    from vllm_compat.drift import is_ours
-
-    module, name = SCHEDULERS[which]
-    scheduler_class = getattr(importlib.import_module(module), name)
 
     write_model(Path(model_dir))
     model_config = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=256)
     cache_config = CacheConfig(block_size=16)
     cache_config.num_gpu_blocks = 64
     scheduler_config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=256,
-                                       is_encoder_decoder=False)
+                                       is_encoder_decoder=False, **scheduler_options)
     config = VllmConfig(model_config=model_config, cache_config=cache_config, scheduler_config=scheduler_config,
                         device_config=DeviceConfig(device="cpu"))
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # vLLM reads it at each use_v2_model_runner
@@ -58,6 +58,17 @@ def main(model_dir: str, which: str) -> None:
                                                         dtype=torch.float32))])
     scheduler = scheduler_class(vllm_config=config, kv_cache_config=kv_cache_config,
                                 structured_output_manager=StructuredOutputManager(config), block_size=16)
+    return scheduler, config
+
+
+def main(model_dir: str, which: str) -> None:
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    from vllm_compat.drift import is_ours
+
+    scheduler_class = scheduler_class_of(SCHEDULERS[which])
+    scheduler, config = build_scheduler(model_dir, scheduler_class)
     request = Request(request_id="r0", prompt_token_ids=list(range(8)), sampling_params=SamplingParams(max_tokens=4),
                       pooling_params=None)
     scheduler.add_request(request)

@@ -26,7 +26,6 @@ Prints one JSON line. Run (``run``) by ``tests/patches/test_scheduler_v1_runner_
 
 import ast
 import json
-import os
 import runpy
 import sys
 from collections import deque
@@ -58,39 +57,18 @@ def runner_reads_all_token_ids(source: str) -> bool:
 
 
 def main(model_dir: str, which: str, max_tokens: int = 6) -> None:
-    import importlib
 
-    import torch
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.sampling_params import SamplingParams
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
     from vllm.v1.request import Request
-    from vllm.v1.structured_output import StructuredOutputManager
 
     from vllm_compat.drift import is_ours
 
-    # The same tiny dense model's config as the scheduler test's worker (by path: this file also runs as a script).
-    write_model = runpy.run_path(str(Path(__file__).with_name("_scheduler_runner_worker.py")))["write_model"]
-
-    module, name = SCHEDULERS[which]
-    scheduler_class = getattr(importlib.import_module(module), name)
-    write_model(Path(model_dir))
-    model_config = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=256)
-    cache_config = CacheConfig(block_size=16)
-    cache_config.num_gpu_blocks = 64
-    scheduler_config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=256,
-                                       is_encoder_decoder=False, async_scheduling=True)
-    config = VllmConfig(model_config=model_config, cache_config=cache_config, scheduler_config=scheduler_config,
-                        device_config=DeviceConfig(device="cpu"))
-    # What vLLM 0.25+ says for a dense model on a GPU with Triton (on this CPU the config would refuse V2 for want
-    # of Triton): the same switch as _scheduler_runner_worker.py, set once the config is built.
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
-    kv_cache_config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer.0"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=32,
-                                                        dtype=torch.float32))])
-    scheduler = scheduler_class(vllm_config=config, kv_cache_config=kv_cache_config,
-                                structured_output_manager=StructuredOutputManager(config), block_size=16)
+    # The same tiny dense model, config and construction as the scheduler test's worker (by path: this file also
+    # runs as a script); async scheduling on, vLLM's default on a GPU.
+    worker = runpy.run_path(str(Path(__file__).with_name("_scheduler_runner_worker.py")))
+    scheduler_class = worker["scheduler_class_of"](SCHEDULERS[which])
+    scheduler, config = worker["build_scheduler"](model_dir, scheduler_class, async_scheduling=True)
     scheduler.add_request(Request(request_id="r0", prompt_token_ids=list(range(PROMPT_TOKENS)),
                                   sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                                   pooling_params=None))
@@ -138,7 +116,7 @@ def main(model_dir: str, which: str, max_tokens: int = 6) -> None:
                 tokens.extend(o.new_token_ids)
                 finished |= o.finish_reason is not None
     print(json.dumps({
-        "scheduler": name,
+        "scheduler": scheduler_class.__name__,
         "wrapped": is_ours(vars(_init_owner(scheduler_class))["__init__"]),
         "config_says_v2": bool(config.use_v2_model_runner),
         "scheduler_v2": bool(scheduler.use_v2_model_runner),
