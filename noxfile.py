@@ -6,6 +6,7 @@
     nox -s matrix         every cell, one after another, ending with a table (also in matrix/last-run.md)
     nox -s refresh        add cells for new vLLM releases on the index, re-measure every cell's expectations
     nox -s native         record each vllm-omni's diffusion path on its own vLLM (matrix/native/, checked in)
+    nox -s "peer(ID)"     vllm-omni's own CPU tests (peer/, unchanged) in one cell; every cell run includes them
     nox -s lint           ruff
     nox -s bench          benchmarks (bench/run.py), off by default
 
@@ -152,12 +153,40 @@ def _cell_env(cell: dict) -> dict:
 
 
 def _run_cell(session: nox.Session, cell: dict) -> None:
-    """Install the cell, print the doctor, run the whole suite with the cell's expectations."""
+    """Install the cell, print the doctor, run the whole suite with the cell's expectations, then vllm-omni's own
+    tests where peer/ holds its release's."""
     _install_cell(session, cell)
     env = _cell_env(cell)
     session.run("python", "-m", "vllm_compat", "doctor", env=env, success_codes=[0, 1])
     session.run("pytest", "--strict-markers", *TEST_WORKERS, *session.posargs, env=env)
+    _run_peer(session, cell)
     _record_set(session, cell, _session_python(session))
+
+
+PEER_RELEASES = {path.name.removeprefix("vllm-omni-") for path in (ROOT / "peer").glob("vllm-omni-*/")}
+PEER_CELLS = [c for c in CELLS if c.get("vllm_omni") in PEER_RELEASES and _torch(c) != "pinned"]
+
+
+def _run_peer(session: nox.Session, cell: dict) -> None:
+    """vllm-omni's own CPU tests (peer/vllm-omni-RELEASE/, stored unchanged) in the cell: with vllm_compat off on
+    the release's own vLLM (the reference, peer/vllm-omni-RELEASE.native.toml), with it on elsewhere; fails on a
+    test that fails here and not natively (peer/run.py). CPU-torch cells only: the reference was measured there."""
+    if cell not in PEER_CELLS:
+        return
+    python = _session_python(session)
+    session.run("uv", "pip", "install", "-q", "--python", python, "-e", ".[test,peer]", *_constraint_args(cell),
+                external=True)
+    session.run(python, "peer/run.py", "--python", python, "--release", cell["vllm_omni"], "--cell", cell["id"],
+                "--suite", "core", *(["--native"] if cell.get("native") else []), external=True,
+                env={"PYTHONDONTWRITEBYTECODE": ""})
+
+
+@nox.session(name="peer")
+@nox.parametrize("cell", PEER_CELLS, ids=[c["id"] for c in PEER_CELLS])
+def peer(session: nox.Session, cell: dict) -> None:
+    """vllm-omni's own CPU tests alone in one cell (peer/): nox -s "peer(v0.33-omni0.24)"."""
+    _install_cell(session, cell)
+    _run_peer(session, cell)
 
 
 @nox.session(name="tests")
