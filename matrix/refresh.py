@@ -101,7 +101,7 @@ def measure(vllm_wheel: Path, omni_wheel: Path | None, vllm: str, omni: str | No
         decisions = [d for _, _, d in plan(site, read_controls())]
         bridged = drift.with_bridges(provided_by_decisions(decisions), early=True).with_behaviour(
             site.behaviour_drift, drift_handler(decisions))  # and the behavioural drift the drift points handle
-        result["entrypoints"] = {status.id: status.status for status in bridged.statuses}
+        result["entrypoints"] = {status.id: status.status for status in bridged.all_statuses}  # the LLM / AR stages too
         # The method patches besides the loader entry that act on this pair (each makes the verdict "with
         # vllm_compat"); the key is left out where none does.
         patched = sorted(entry.id for entry, _, d in plan(site, read_controls())

@@ -147,3 +147,13 @@ def test_native_pair_must_match_its_record():
     healed = {**same, "tests/a.py::test_net": ("passed", "")}  # said, not failed: some fail on load only
     lines, problems = run.judge(healed, RECORD, "v0.24-omni0.24", native=True)
     assert problems == [] and "  recorded as failing natively, passes here: tests/a.py::test_net" in lines
+
+
+def test_only_judged_cells_and_the_native_pair_fail():
+    record = {"judged_cells": ["v0.30-omni0.24"]}
+    assert run.is_judged(record, "v0.30-omni0.24", native=False)
+    assert not run.is_judged(record, "v0.31-omni0.24", native=False)  # measured later: printed, not failed
+    assert run.is_judged(record, "v0.24-omni0.24", native=True)
+    for release in RELEASES:  # a judged cell is a real matrix cell of the release
+        for cell in run.native_record(release).get("judged_cells", ()):
+            assert cell.endswith(f"-omni{release.rsplit('.', 1)[0]}"), cell

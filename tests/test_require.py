@@ -126,18 +126,33 @@ def test_a_refused_target_still_fails_the_gate(tmp_path, doctor):
 
 def test_failing_on_request_does_not_pass():
     status = EntrypointStatus("serve", "`vllm serve --omni`", "fails_on_request", ("m",))
-    report = SimpleNamespace(import_drift=SimpleNamespace(import_ok=True, statuses=(status,)), runtime_error=None,
-                             mismatches=[], patches=[])
+    report = SimpleNamespace(import_drift=SimpleNamespace(import_ok=True, statuses=(status,), all_statuses=(status,)),
+                             runtime_error=None, mismatches=[], patches=[])
     answer = gate(report, ("serve",))
     assert answer.exit_code == 1 and answer.said["serve"].startswith("starts but FAILS ON REQUEST")
 
 
+def test_a_left_out_stage_does_not_pass():
+    """The LLM / AR stages left out (the offline API starts without them) fail ``--require llm``, saying why."""
+    offline = EntrypointStatus("offline", "the offline API", "works_with_vllm_compat", ("m",))
+    stages = EntrypointStatus("llm_stage", "vllm-omni's LLM / AR stages", "left_out", ("w",),
+                              missing=("vllm.v1.worker.gpu_model_runner",))
+    report = SimpleNamespace(import_drift=SimpleNamespace(import_ok=True, statuses=(offline,),
+                                                          all_statuses=(offline, stages)),
+                             runtime_error=None, mismatches=[], patches=[])
+    assert gate(report, ("offline",)).exit_code == 0
+    answer = gate(report, required_entrypoints("ar"))
+    assert answer.exit_code == 1
+    assert answer.said["llm_stage"] == "LEFT OUT (vllm.v1.worker.gpu_model_runner missing, no bridge in vllm_compat)"
+
+
 def test_ids_aliases_and_order():
-    assert known_ids() == ("offline", "serve", "diffusion_stage")
+    assert known_ids() == ("offline", "serve", "diffusion_stage", "llm_stage")
+    assert required_entrypoints("llm") == required_entrypoints("ar") == ("llm_stage",)
     assert required_entrypoints("diffusion, offline,diffusion_stage") == ("diffusion_stage", "offline")
     assert required_entrypoints("server") == ("serve",)
-    with pytest.raises(Exception, match="known ones are offline, serve, diffusion_stage"):
-        required_entrypoints("offline,llm_stage")
+    with pytest.raises(Exception, match="known ones are offline, serve, diffusion_stage, llm_stage"):
+        required_entrypoints("offline,llm_stages")
     with pytest.raises(Exception, match="name at least one entrypoint"):
         required_entrypoints(" , ")
 

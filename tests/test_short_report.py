@@ -73,8 +73,9 @@ def test_every_matrix_pair_fits_one_screen_with_the_same_verdict(capsys, pair):
     code, screen = _run(capsys, "check", *spec)
     lines = _assert_fits(screen)
     assert code == json_code == data["exit_code"]
-    (verdict,) = [line for line in lines if line.startswith("  verdict: ")]
-    assert verdict.startswith(f"  verdict: {_first_words(data['verdict']['text'])}:")
+    (start,) = [i for i, line in enumerate(lines) if line.startswith("  verdict: ")]
+    verdict = " ".join(line.strip() for line in lines[start:] if not line.strip().startswith("(--verbose"))
+    assert verdict.startswith(f"verdict: {_first_words(data['verdict']['text'])}:")  # what is left out included
     # one line per entrypoint, with its status as --json says it
     entrypoints = data["import_drift"]["entrypoints"] if data["import_drift"]["import_ok"] else {}
     for status in entrypoints.values():
@@ -184,8 +185,9 @@ def test_doctor_short_screen_names_refused_and_disabled_drift_points(tmp_path, d
     assert "  disabled: hsdp_load_order (VLLM_COMPAT_DISABLE_PATCHES)" in lines
     assert any(line.startswith("  `vllm serve --omni`") and "WILL NOT START: vllm.v1.gone.Gone missing" in line
                for line in lines)
-    (verdict,) = [line for line in lines if line.startswith("  verdict: ")]
-    assert verdict.startswith(f"  verdict: {_first_words(data['verdict']['text'])}:")
+    (start,) = [i for i, line in enumerate(lines) if line.startswith("  verdict: ")]
+    verdict = " ".join(line.strip() for line in lines[start:] if not line.strip().startswith("(--verbose"))
+    assert verdict.startswith(f"verdict: {_first_words(data['verdict']['text'])}:")  # what is left out included
     code, full = doctor(report, "--verbose")
     assert code == 1 and full == report.render_table() + "\n" and REFUSED.reason in full
     code, narrow = doctor(report, "--width", "60")

@@ -14,10 +14,11 @@ vllm-omni (roots read from its 0.22.0-0.30.0 wheels, where all of them exist):
   ``cli_env_setup``) and the API server module it runs (``vllm_omni.entrypoints.openai.api_server``);
 * ``diffusion_stage``: what a diffusion stage process imports beyond the package: the stage process, its engine
   (vllm-omni 0.30.0's diffusion KV-cache setup is reached from the engine, not from the worker) and the worker;
-* ``llm_stage``, a part of the offline API and the server: the workers of the LLM / AR and generation stages a
-  multi-stage model runs. A pure-diffusion model never imports them, so where they stop (vLLM 0.34 removed the V1
-  model runner they subclass) the offline API and the server still start, and the verdict names the stages as
-  left out.
+* ``llm_stage``, a part of the offline API and the server: the LLM / AR and generation stages a multi-stage model
+  runs (Qwen-Omni's thinker and talker, AR-diffusion and TTS pipelines): their workers, their schedulers, the stage
+  engine core process and the output processing. A pure-diffusion model never starts them, so where they stop (vLLM
+  0.34 removed the V1 model runner their workers subclass) the offline API and the server still start, and the
+  verdict names the stages as left out. Every pair gives them a status of their own (``ImportDrift.part_statuses``).
 
 This module imports nothing: it is read by detection, reporting and the matrix.
 """
@@ -52,11 +53,38 @@ ENTRYPOINTS: dict[str, tuple[Entrypoint, ...]] = {
         Entrypoint("diffusion_stage", "the diffusion stage",
                    ("vllm_omni.diffusion.stage_diffusion_proc", "vllm_omni.diffusion.diffusion_engine",
                     "vllm_omni.diffusion.worker.diffusion_worker")),
-        Entrypoint("llm_stage", "vllm-omni's LLM / AR stages (multi-stage pipelines such as Qwen2.5-Omni, TTS and "
-                   "audio models)", ("vllm_omni.worker.gpu_ar_worker", "vllm_omni.worker.gpu_generation_worker"),
+        Entrypoint("llm_stage", "vllm-omni's LLM / AR stages",
+                   ("vllm_omni.worker.gpu_ar_worker", "vllm_omni.worker.gpu_generation_worker",
+                    "vllm_omni.core.sched.omni_ar_scheduler", "vllm_omni.core.sched.omni_generation_scheduler",
+                    "vllm_omni.engine.stage_engine_core_proc", "vllm_omni.engine.output_processor"),
                    part_of=("offline", "serve")),
     ),
 }
+
+# vllm-omni's features by module prefix, in the words its users know: what a drift that stops a start only under a
+# condition (a LoRA adapter given at startup) leaves out, named in the verdict ("WORKS WITH vllm_compat, except LoRA
+# adapters in the diffusion stage"). The first matching prefix wins: specific ones first.
+FEATURES = (
+    ("vllm_omni.diffusion.lora", "LoRA adapters in the diffusion stage"),
+    ("vllm_omni.lora", "LoRA adapters"),
+    ("vllm_omni.quantization", "quantized checkpoints"),
+    ("vllm_omni.diffusion.quantization", "quantized checkpoints in the diffusion stage"),
+    ("vllm_omni.core.sched", "the LLM / AR stages' scheduling"),
+    ("vllm_omni.worker", "the LLM / AR stages' model runners"),
+    ("vllm_omni.engine", "the engine"),
+    ("vllm_omni.entrypoints.duplex_omni", "full-duplex sessions (DuplexOmni)"),
+    ("vllm_omni.entrypoints.openai", "the server's endpoints"),
+    ("vllm_omni.diffusion", "the diffusion stage"),
+)
+
+
+def feature_of(plugin_object: str) -> str:
+    """The feature ``plugin_object`` (a dotted vllm-omni name) belongs to (``FEATURES``); its module otherwise."""
+    for prefix, words in FEATURES:
+        if plugin_object == prefix or plugin_object.startswith(prefix + "."):
+            return words
+    return f"what {plugin_object.rsplit('.', 1)[0]} does"
+
 
 DIFFUSION_STAGE = "diffusion_stage"  # the entrypoint the older ``worker_*`` fields of the import drift describe
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from .detect.wheels import WheelError
 
 STATUS_WORDS = {"works": "works", "works_with_vllm_compat": "with vllm_compat", "will_not_start": "WILL NOT START",
-                "fails_on_request": "FAILS ON REQUEST", "absent": "absent"}
+                "fails_on_request": "FAILS ON REQUEST", "absent": "absent", "left_out": "LEFT OUT"}
 
 
 @dataclass
@@ -152,7 +152,7 @@ def check_row(version: str, omni) -> Row:
     return Row(
         vllm=vllm.version or version, source=vllm.source,
         import_ok=drift is not None and drift.import_ok,
-        statuses={st.id: st.status for st in drift.statuses} if drift is not None else {},
+        statuses={st.id: st.status for st in drift.all_statuses} if drift is not None else {},
         acting=tuple(d.name for d in report.patches if d.action == "patched"),
         overrides=tuple(deps.override_lines) if deps is not None else (),
         conflicts=len(deps.conflicts) if deps is not None else None,
@@ -199,7 +199,7 @@ def render(plan: Plan) -> str:
     """The screen ``vllm-compat plan`` prints."""
     from .entrypoints import entrypoints_of
 
-    ids = [e.id for e in entrypoints_of("vllm_omni") if not e.part_of]
+    ids = [e.id for e in entrypoints_of("vllm_omni")]
     header = ["vLLM", *ids, "drift points", "overrides", "matrix cell"]
     table = []
     for r in plan.rows:

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .detect.static import SiteFacts
+from .entrypoints import ENTRYPOINTS
 from .detect.versions import TESTED_VLLM_RANGE, is_tested_vllm
 
 SHORT_WIDTH = 100  # columns of the default doctor / check screen (``--width``); ``--verbose`` is not wrapped
@@ -135,8 +136,11 @@ class Report:
         versions = self.environment.versions
         notes = "; ".join(n for n in (point.header_note(facts) for point, facts in self._entry_facts()) if n)
         patches = ", ".join(f"{d.name}={d.action}" + (f"/{d.variant}" if d.variant else "") for d in self.patches)
+        drift = self.import_drift
+        stages = ("; " + ", ".join(f"{st.id}={st.status}" for st in drift.all_statuses)
+                  if drift is not None and drift.import_ok else "")
         return (f"vllm-compat: vllm {versions.get('vllm') or 'absent'}, vllm-omni {versions.get('vllm-omni') or 'absent'}"
-                f"{f' ({notes})' if notes else ''}; {patches}")
+                f"{f' ({notes})' if notes else ''}{stages}; {patches}")
 
     def fact_lines(self, indent: str = "             ") -> list[str]:
         """What each drift point shows of its facts (``DriftPoint.report_lines``), indented under the versions."""
@@ -236,11 +240,11 @@ class Report:
         details = ([f"{_join(st.label for st in started)} " + ("start" if len(started) > 1 else "starts")]
                    if started else []) + ([f"it handles {', '.join(patched)}"] if patched else [])
         if patched or bridged:
-            return Verdict("works_with_vllm_compat", 0,
-                           f"WORKS WITH vllm_compat: {'; '.join(details)}.{_left_out(started)}")
+            return Verdict("works_with_vllm_compat", 0, f"WORKS WITH vllm_compat{_except(started)}: "
+                           f"{'; '.join(details)}.{_left_out(started)}")
         if started:
-            return Verdict("works_natively", 0,
-                           f"WORKS NATIVELY: {details[0]}; nothing needs patching.{_left_out(started)}")
+            return Verdict("works_natively", 0, f"WORKS NATIVELY{_except(started)}: {details[0]}; nothing needs "
+                           f"patching.{_left_out(started)}")
         return Verdict("works_natively", 0, "WORKS NATIVELY: nothing needs patching (or nothing is installed yet).")
 
 
@@ -319,7 +323,7 @@ def render_import_drift(drift, indent: str = "             ", shown: int = 3) ->
 
 ENTRYPOINT_STATUS_TEXT = {"works": "starts natively", "works_with_vllm_compat": "starts with vllm_compat",
                           "will_not_start": "WILL NOT START", "fails_on_request": "starts, FAILS ON REQUEST",
-                          "absent": "not in this vllm-omni release"}
+                          "absent": "not in this vllm-omni release", "left_out": "LEFT OUT"}
 
 
 def render_entrypoints(drift, indent: str = "    ") -> list[str]:
@@ -406,10 +410,13 @@ def _first(items, more: str = " more") -> str:
     return items[0] + (f", +{len(items) - 1}{more}" if len(items) > 1 else "")
 
 
+_PARTS = frozenset(e.id for es in ENTRYPOINTS.values() for e in es if e.part_of)
+
+
 def _first_reason(status) -> str:
     """What stops or fails one entrypoint, its first item: a package not installed here, a vLLM name no bridge
-    provides, a behavioural drift nothing handles."""
-    if status.status == "will_not_start":
+    provides, a behavioural drift nothing handles; for a started one, the first feature it leaves out."""
+    if status.status in ("will_not_start", "left_out"):
         if status.not_installed:
             return f"{_first(status.not_installed)} not installed here"
         if status.missing_in_vllm:
@@ -420,20 +427,41 @@ def _first_reason(status) -> str:
     if status.status == "fails_on_request":
         failing = [f for f in status.drift if f.effect(status.id) == "request"]
         return f"{', '.join(status.endpoints_failing)}: {_first([f.detail for f in failing])}"
+    if status.starts and status.left_out:
+        return "except " + _first(_feature_names(status.left_out))
     return ""
 
 
+def _feature_names(left_out) -> list[str]:
+    """The features (entry id, text) pairs leave out, each by its name: the text up to its first " (" ("vllm-omni's
+    LLM / AR stages"), once each."""
+    return list(dict.fromkeys(text.split(" (", 1)[0] for text in _by_text(left_out)))
+
+
+def _except(started) -> str:
+    """", except <feature> and <feature>" for what the started entrypoints leave out, else "": part of the verdict's
+    first words, never a line beside it."""
+    names = _feature_names(item for st in started for item in st.left_out)
+    return f", except {_join(names)}" if names else ""
+
+
 def _entrypoint_lines(drift, width: int) -> list[str]:
-    """One line per entrypoint, then one for the features the started ones leave out (the first, and a count)."""
-    label_width = max(len(st.label) for st in drift.statuses)
+    """One line per entrypoint and per part of one (the LLM / AR stages: judged on every pair), then one for the
+    features the started ones leave out (the first, and a count)."""
+    shown = [st for st in drift.all_statuses if not (st.id in _PARTS and st.status == "absent")]
+    label_width = max(len(st.label) for st in shown)
     lines = []
-    for st in drift.statuses:
-        line, reason = f"  {st.label:<{label_width}}  {ENTRYPOINT_STATUS_TEXT[st.status]}", _first_reason(st)
+    for st in shown:
+        line = f"  {st.label:<{label_width}}  {ENTRYPOINT_STATUS_TEXT[st.status]}"
+        reason = _first_reason(st)
+        joint = ", " if reason.startswith("except ") else ": "
         if reason and len(line) + 2 + len(reason) <= width:
-            lines.append(f"{line}: {reason}")
+            lines.append(f"{line}{joint}{reason}")
         else:  # the reason on its own line, shortened to one
             lines += [_fit(line, width)] + ([_fit(f"    {reason}", width)] if reason else [])
-    features = list(_by_text(item for st in drift.statuses if st.starts for item in st.left_out))
+    parts_shown = {st.id for st in shown if st.id in _PARTS}
+    features = _feature_names(item for st in drift.statuses if st.starts for item in st.left_out
+                              if item[0] not in parts_shown)
     if features:
         more = f", +{len(features) - 1} more (--verbose)" if len(features) > 1 else " (--verbose)"
         first = features[0].split(" (", 1)[0]
@@ -539,8 +567,11 @@ def _short_verdict(report: Report, verdict: Verdict) -> str:
         return ("ATTENTION: a target has a shape vllm_compat does not recognize and stays unpatched (refused, "
                 "above); it may fail where the patch would have helped.")
     if verdict.kind in ("works_with_vllm_compat", "works_natively") and started:
-        head = verdict.text.split(":", 1)[0]
+        head = verdict.text.split(":", 1)[0]  # with ", except <what is left out>"
         every = "every entrypoint starts" if len(started) == len(statuses) else start(started)
+        if ", except " in head:
+            every += " without " + ("it" if len(_feature_names(i for st in started for i in st.left_out)) == 1
+                                    else "them")
         if verdict.kind == "works_natively":
             return f"{head}: {every}; nothing needs patching."
         return f"{head}: {every}" + (f"; {handles}" if handles else "") + "."  # what is left out: the line above

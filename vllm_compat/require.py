@@ -23,12 +23,13 @@ from .entrypoints import entrypoints_of
 
 PLUGIN = "vllm_omni"
 # other names users reach for: `vllm serve` is "the server"; a diffusion worker image runs the diffusion stage
-ALIASES = {"server": "serve", "diffusion": "diffusion_stage"}
+ALIASES = {"server": "serve", "diffusion": "diffusion_stage", "llm": "llm_stage", "ar": "llm_stage"}
 
 
 def known_ids() -> tuple[str, ...]:
-    """The entrypoint ids ``--require`` accepts (parts such as the LLM stages are not started on their own)."""
-    return tuple(e.id for e in entrypoints_of(PLUGIN) if not e.part_of)
+    """The entrypoint ids ``--require`` accepts: the entrypoints and their parts (the LLM / AR stages, which a
+    multi-stage model's offline API and server run)."""
+    return tuple(e.id for e in entrypoints_of(PLUGIN))
 
 
 def required_entrypoints(value: str) -> tuple[str, ...]:
@@ -94,7 +95,7 @@ def gate(report, required: tuple[str, ...]) -> Gate:
             starts[i], said[i] = False, (f"does not start (`import vllm_omni` fails: "
                                          f"{', '.join(drift.still_blocking_names)} missing)")
     else:
-        statuses = {st.id: st for st in drift.statuses}
+        statuses = {st.id: st for st in drift.all_statuses}
         for i in required:
             st = statuses.get(i)
             if st is None or st.status == "absent":
@@ -103,6 +104,8 @@ def gate(report, required: tuple[str, ...]) -> Gate:
                 starts[i], said[i] = True, "starts"
             elif st.status == "works_with_vllm_compat":
                 starts[i], said[i] = True, "starts with vllm_compat"
+            elif st.status == "left_out":
+                starts[i], said[i] = False, f"LEFT OUT ({_why_stopped(st)})"
             elif st.status == "fails_on_request":
                 starts[i], said[i] = False, f"starts but FAILS ON REQUEST ({', '.join(st.endpoints_failing)})"
             else:

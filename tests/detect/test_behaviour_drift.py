@@ -11,6 +11,7 @@ no release pair has.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import sys
@@ -22,6 +23,8 @@ from tests.support.trees import write_tree
 from tests.support.wheels import wheel_or_skip
 from vllm_compat.cli import main
 from vllm_compat.detect.behaviour_drift import check_behaviour_drift, scan
+from vllm_compat.detect.code_model import CodeModel, bound_params, dotted
+from vllm_compat.detect.model import why_call_fails
 from vllm_compat.detect.source_tree import SourceTree
 
 tomllib = pytest.importorskip("tomllib", reason="reading matrix/vllm.toml needs Python >= 3.11 (tomllib)")
@@ -163,6 +166,13 @@ def test_vllm_031_under_vllm_omni_024_finds_the_drift_its_drift_points_were_writ
     assert ("attribute", "ec_transfer_params", "ec_transfer_params") in found  # vLLM 0.26
     assert ("abstract", "release_kv_cache_memory", "release_kv_cache_memory") in found  # vLLM 0.31
     assert ("abstract", "checkpoint_prepare", "checkpoint_prepare") not in found  # vLLM 0.34's, not 0.31's
+    # vLLM 0.30 removed StructuredOutputManager.should_advance, which the schedulers call through the attribute
+    # vLLM's Scheduler.__init__ assigns
+    assert ("call", "should_advance", "should_advance") in found
+    advance = [f for f in drift.findings if f.vllm_object.endswith("StructuredOutputManager.should_advance")]
+    assert {f.site for f in advance} == {"vllm_omni.core.sched.omni_ar_scheduler",
+                                         "vllm_omni.core.sched.omni_generation_scheduler"}
+    assert all("llm_stage" in f.entrypoints for f in advance)
     setup = next(f for f in drift.findings if f.vllm_object.endswith("setup_server"))
     assert setup.site == "vllm_omni.entrypoints.openai.api_server" and setup.entrypoints == ("serve",)
     assert setup.effect("serve") == "stops" and "reuse_port" in setup.signature
@@ -307,3 +317,89 @@ def test_a_start_failure_under_an_if_is_named_with_its_condition(tmp_path):
                                   baseline_tree=lambda version: (_tree(tmp_path, "v1", HOST_V1), ""))
     (finding,) = drift.findings
     assert finding.effect("offline") == "stops_when" and finding.stops_when("offline") == "args.remote"
+
+
+def test_vllm_omni_024s_kv_cache_tensor_call_fits_its_own_vllms_dataclass_and_not_031s(pair_031):
+    """vllm-omni 0.24.0's AR-diffusion KV manager builds ``KVCacheTensor(size=..., shared_by=...)``: vLLM 0.24.0's
+    dataclass has the fields size, shared_by, offset, block_stride; vLLM 0.30 made it size, layers, layer_stride,
+    block_stride, offset, host_resident (the wheels' vllm/v1/kv_cache_interface.py)."""
+    omni, vllm_031 = pair_031
+    vllm_024 = SourceTree(wheel_or_skip("vllm", "0.24.0"))
+    site = "vllm_omni.experimental.ar_diffusion.kv_cache.manager"
+    verdicts = {}
+    for version, host in (("0.24.0", vllm_024), ("0.31.0", vllm_031)):
+        model = CodeModel(omni, host)
+        (call,) = [n for n in ast.walk(model.module_ast(site)) if isinstance(n, ast.Call)
+                   and dotted(n.func) == "KVCacheTensor"]
+        init, _ = model.constructor(model.resolve_expr(site, "KVCacheTensor"))
+        verdicts[version] = why_call_fails(bound_params(init.node), len(call.args), [k.arg for k in call.keywords])
+    assert verdicts == {"0.24.0": None, "0.31.0": "got an unexpected keyword argument shared_by"}
+
+
+HELD_V1 = {
+    "vllm/__init__.py": "",
+    "vllm/sched.py": """
+        from abc import ABC, abstractmethod
+        from dataclasses import dataclass
+
+        class Manager:
+            def __init__(self, config): ...
+            def advance(self, request): ...
+            def accept(self, request, tokens): ...
+
+        class Cache:
+            def __init__(self, config): ...
+            def lookup(self, key, extra=None): ...
+
+        class Client(ABC):
+            @abstractmethod
+            def generate(self, prompt): ...
+
+        @dataclass
+        class Tensor:
+            size: int
+            shared_by: list
+            offset: int = 0
+
+        class Scheduler:
+            def __init__(self, config, manager: Manager, client: "Client | None" = None):
+                self.manager = manager
+                self.cache = Cache(config)
+                self.client = client
+                self.other = config.thing
+                self.spare = None
+        """,
+}
+HELD_V2 = {  # advance() gone, lookup() without extra, the dataclass's shared_by field renamed
+    **HELD_V1,
+    "vllm/sched.py": HELD_V1["vllm/sched.py"].replace("            def advance(self, request): ...\n", "").replace(
+        "def lookup(self, key, extra=None)", "def lookup(self, key)").replace("shared_by: list", "layers: list"),
+}
+HELD_PLUGIN = {
+    "vllm_omni/__init__.py": "",
+    "vllm_omni/entrypoints/__init__.py": "",
+    "vllm_omni/entrypoints/omni.py": """
+        from vllm.sched import Scheduler, Tensor
+
+        class OmniScheduler(Scheduler):
+            def step(self, request):
+                self.manager.advance(request)
+                self.manager.accept(request, [])
+                self.cache.lookup("k", extra=1)
+                self.client.generate("p", session=1)  # what an abstract class holds is a subclass: undecidable
+                self.other.anything()  # a value the files cannot type: not read
+                return Tensor(size=1, shared_by=[request])
+        """,
+}
+
+
+def test_a_call_through_an_attribute_a_vllm_base_assigns_and_a_dataclass_call_are_checked(tmp_path):
+    plugin = _tree(tmp_path, "plugin", HELD_PLUGIN)
+    old, new = _tree(tmp_path, "v1", HELD_V1), _tree(tmp_path, "v2", HELD_V2)
+    assert scan(plugin, old)[0] == []
+    drift = check_behaviour_drift(plugin, new, None, baseline_tree=lambda version: (old, ""))
+    found = {(f.vllm_object.removeprefix("vllm.sched."), f.names) for f in drift.findings}
+    assert found == {("Manager.advance", ("advance",)), ("Cache.lookup", ("extra",)),
+                     ("Tensor.__init__", ("shared_by",))}, drift.findings
+    assert all(f.plugin_object == "vllm_omni.entrypoints.omni.OmniScheduler.step" for f in drift.findings)
+    assert drift.undecidable == 1  # self.client.generate(...)

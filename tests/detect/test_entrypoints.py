@@ -271,20 +271,24 @@ WORKERS = {"vllm_omni/worker/__init__.py": "",
 
 def test_a_part_that_stops_is_left_out_of_the_entrypoints_it_is_part_of(tmp_path):
     """The LLM / AR stage workers reach a removed module (vLLM 0.34's V1 runner): the offline API and the server
-    still start, each names the stages as left out, and the part has no status of its own; where the part
-    imports, nothing is said."""
+    still start, each names the stages as left out, the part's own status is "left_out" and the verdict's first
+    words name it; where the part imports, it starts and nothing is left out."""
     files = dict(OMNI, **WORKERS, **{"vllm_omni/entrypoints/openai/api_server.py": "x = 1\n",
                                       "vllm_omni/diffusion/worker/diffusion_worker.py": "x = 1\n"})
     drift = check_import_drift(_tree(tmp_path / "omni", files), _tree(tmp_path / "host", HOST))
     statuses = {s.id: s for s in drift.statuses}
     assert sorted(statuses) == ["diffusion_stage", "offline", "serve"] and drift.starts
     llm = ENTRYPOINTS["vllm_omni"][3]
-    why = f"{llm.label} do not start ({RUNNER} missing, no bridge in vllm_compat)"
+    why = f"{llm.label} (they do not start: {RUNNER} missing, no bridge in vllm_compat)"
     assert statuses["offline"].left_out == statuses["serve"].left_out == (("llm_stage", why),)
     assert statuses["diffusion_stage"].left_out == ()
+    assert [(s.id, s.status) for s in drift.part_statuses] == [("llm_stage", "left_out")]
     verdict = _report(drift).verdict()
     assert verdict.kind == "works_natively" and verdict.exit_code == 0  # nothing to patch; the stages are named
+    assert verdict.text.startswith(f"WORKS NATIVELY, except {llm.label}: ")
     assert verdict.text.endswith(f"Left out: {why} (llm_stage).")
     host = dict(HOST, **{"vllm/v1/worker/__init__.py": "", "vllm/v1/worker/gpu_model_runner.py": "GPUModelRunner = 1\n"})
     kept = check_import_drift(_tree(tmp_path / "omni2", files), _tree(tmp_path / "host2", host))
     assert all(s.left_out == () for s in kept.statuses) and "Left out" not in _report(kept).verdict().text
+    assert [(s.id, s.status) for s in kept.part_statuses] == [("llm_stage", "works")]
+    assert _report(kept).verdict().text.startswith("WORKS NATIVELY: ")

@@ -3,9 +3,12 @@ files of both, before either is installed.
 
 Import drift (``import_drift``) finds names that are gone. This finds what still imports but no longer fits:
 
-* ``call``: a call from vllm-omni into a vLLM function or class (``super().__init__`` and ``super().m`` too, and
-  the constructor a vllm-omni class inherits from vLLM) that no longer binds: a required parameter added, a
-  keyword renamed or removed, too many positionals (vLLM 0.25's ``setup_server(args, *, reuse_port)``);
+* ``call``: a call from vllm-omni into a vLLM function or class (``super().__init__`` and ``super().m`` too, the
+  constructor a vllm-omni class inherits from vLLM, and the one a vLLM dataclass or ``msgspec.Struct`` generates
+  from its fields, where a field was dropped) that no longer binds: a required parameter
+  added, a keyword renamed or removed, too many positionals (vLLM 0.25's ``setup_server(args, *, reuse_port)``);
+  and ``self.x.m(...)`` where ``self.x`` holds the vLLM class a base's ``__init__`` assigns it, whose ``m`` is gone
+  or no longer binds (a method of a manager a scheduler's base creates, removed);
 * ``abstract``: a vllm-omni class deriving a vLLM class that declares abstract methods it does not define: it
   cannot be instantiated (vLLM 0.31 / 0.34's ``EngineClient``);
 * ``override``: a vllm-omni method overriding a vLLM one whose signature no longer accepts what the base declares,
@@ -18,8 +21,9 @@ Differential: the same scan runs against the vLLM the vllm-omni release was made
 is new on the target is reported, so the noise of untyped code (a call the reading gets wrong, on both) never is.
 Each finding is followed to the entrypoints whose modules reach its site (``entrypoints.ENTRYPOINTS``, as the
 import drift is), and, for ``override`` / ``attribute``, to the vLLM module that calls or reads (its request
-endpoint). A call with ``*args`` / ``**kwargs``, a constructor the files cannot tell (a dataclass, a base from a
-third package) or a class with a ``__getattr__`` is counted as undecidable, never as a fit or a failure.
+endpoint). A call with ``*args`` / ``**kwargs``, a constructor the files cannot tell (a pydantic ``BaseModel``, a
+base from a third package), a class with a ``__getattr__`` or a call through an attribute that holds an abstract
+class (whose subclass answers it) is counted as undecidable, never as a fit or a failure.
 
 Which drift point handles a finding is the drift points' answer (``DriftPoint.handles_drift``), not this module's.
 """
@@ -66,6 +70,16 @@ def _walk(body, cls=None, func=None, cond=""):
             yield from _walk(list(ast.iter_child_nodes(node)), cls, func, cond)
 
 
+def _module_classes(body):
+    """The classes a module defines outside functions and classes (in ``if`` / ``try`` blocks too)."""
+    for node in body:
+        if isinstance(node, ast.ClassDef):
+            yield node
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for name in ("body", "orelse", "finalbody", "handlers"):
+                yield from _module_classes(getattr(node, name, None) or [])
+
+
 def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -86,19 +100,17 @@ class _Scan:
         self.owners: dict = {}  # (vLLM module, class) -> (plugin subclasses, self-callers, methods decided)
 
     def run(self) -> list[Finding]:
-        classes = []
-        for module in sorted(self.modules):
-            tree = self.model.module_ast(module)
-            if tree is None:
-                continue
+        trees = {module: tree for module in sorted(self.modules)
+                 if (tree := self.model.module_ast(module)) is not None}
+        # the classes first: a call through an attribute asks which of them derive the class it holds
+        self.classes = classes = [Definition("plugin", module, node.name, node) for module, tree in trees.items()
+                                  for node in _module_classes(tree.body)]
+        for module, tree in trees.items():
             for node, cls, func, cond in _walk(tree.body):
                 if isinstance(node, ast.Call):
                     self._call(module, node, cls, func, cond)
                     if func is not None:
                         self._edge(module, node, cls, func, cond)
-                elif isinstance(node, ast.ClassDef) and cls is None and func is None:
-                    classes.append(Definition("plugin", module, node.name, node))
-        self.classes = classes
         parents = {base.path for c in classes for base in self.model.mro(c)[1:] if isinstance(base, Definition)}
         for cls in classes:
             self._class(cls, is_leaf=cls.path not in parents)
@@ -238,13 +250,26 @@ class _Scan:
                 return None, ""
         return resolved, written
 
+    def _may_hold_a_subclass(self, holder: Definition, method: str) -> bool:
+        """Whether what an attribute typed ``holder`` holds may answer ``method`` otherwise than ``holder`` does: an
+        abstract class or a protocol (the object is a subclass: a client interface the plugin implements), or a
+        class a vllm-omni subclass of which defines ``method``."""
+        if self.model.abstract_left(holder)[0] or any(
+                c in ("Protocol", "typing.Protocol", "typing_extensions.Protocol") for c in self.model.mro(holder)):
+            return True
+        return any((found := self.model.member(c, method)) is not None and found.side == "plugin"
+                   for c in self.classes if any(isinstance(b, Definition) and b.path == holder.path
+                                                for b in self.model.mro(c)[1:]))
+
     def _names_host(self, module: str, written: str) -> bool:
         binding = self.model.bindings(module).get(written.split(".")[0])
         return binding is not None and binding[0] in ("import", "module") and \
             self.model.side_of(binding[1]) == "host"
 
     def _call(self, module: str, node: ast.Call, cls, func, cond: str) -> None:
-        target, written = self._callee(module, node, cls)
+        target, written = self._held_callee(module, node, cls, func, cond)
+        if target is None:
+            target, written = self._callee(module, node, cls)
         if target is None:
             return
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
@@ -258,11 +283,45 @@ class _Scan:
         why = why_call_fails(params, len(node.args), keywords)
         if why is None:
             return
-        where = ".".join(p for p in (module, cls.name if cls is not None else None, func) if p)
         names = _names_in(why, params, keywords)
-        self._add("call", target.path, where, module, node.lineno, f"{written}(...) {why}", names,
-                  signature=f"{target.name.rsplit('.', 1)[-1]}{render_params(params)}", condition=cond,
-                  call_shape=f"{len(node.args)}:{','.join(sorted(keywords))}")
+        self._add("call", target.path, _where(module, cls, func), module, node.lineno, f"{written}(...) {why}",
+                  names, signature=f"{target.name.rsplit('.', 1)[-1]}{render_params(params)}", condition=cond,
+                  call_shape=_call_shape(node))
+
+    def _held_callee(self, module: str, node: ast.Call, cls, func, cond: str) -> tuple[Definition | None, str]:
+        """For ``self.<attribute>.<method>(...)`` where ``self.<attribute>`` holds a vLLM class (the one a vLLM
+        base's ``__init__`` assigns it: ``CodeModel.attribute_class``): (the vLLM method it binds against, how
+        vllm-omni writes the call). (None, "") for any other call, and where this decides it here: a method the
+        class does not have is a finding; an abstract holder, or one whose bases the files cannot read, is
+        undecidable; a vllm-omni method is not a call into vLLM."""
+        callee = node.func
+        if cls is None or not isinstance(callee, ast.Attribute) or not isinstance(callee.value, ast.Attribute) \
+                or not isinstance(callee.value.value, ast.Name) or callee.value.value.id != "self":
+            return None, ""
+        attribute, method = callee.value.attr, callee.attr
+        holder = self.model.attribute_class(Definition("plugin", module, cls.name, cls), attribute)
+        host = next((c for c in self.model.mro(holder) if isinstance(c, Definition) and c.side == "host"), None) \
+            if holder is not None else None
+        if host is None:
+            return None, ""
+        written = f"self.{attribute}.{method}"
+        if self._may_hold_a_subclass(holder, method):
+            self.undecidable += 1
+            return None, ""
+        target = self.model.member(holder, method)
+        if target is not None:
+            return (target, written) if target.side == "host" else (None, "")
+        names, complete = self.model.instance_attributes(holder)
+        if method in names:
+            return None, ""  # an attribute, not a method the files define: its call is not read
+        if not complete:
+            self.undecidable += 1
+            return None, ""
+        self.checked += 1
+        self._add("call", f"{host.path}.{method}", _where(module, cls, func), module, node.lineno,
+                  f"{written}(...): {holder.name} (what self.{attribute} holds) has no method {method}", (method,),
+                  condition=cond, call_shape=_call_shape(node))
+        return None, ""
 
     # ------------------------------------------------------------------------------------------ classes
 
@@ -396,6 +455,16 @@ class _Scan:
                               f"vLLM reads .{attribute} ({module}:{line}) from the {plugin_cls.name} it gets in "
                               f"place of {host_cls.name}, which does not define it",
                               (attribute,), module)
+
+
+def _where(module: str, cls, func: str | None) -> str:
+    """The dotted vllm-omni function a site is in (``module.Cls.method``)."""
+    return ".".join(p for p in (module, cls.name if cls is not None else None, func) if p)
+
+
+def _call_shape(node: ast.Call) -> str:
+    """What a call passes, "<positionals>:<keywords>" (``Finding.call_shape``)."""
+    return f"{len(node.args)}:{','.join(sorted(k.arg or '**' for k in node.keywords))}"
 
 
 def _add_edge(targets: dict[str, str], target: str, cond: str) -> None:

@@ -6,9 +6,10 @@ call binds against.
 ``from vllm.x import Y`` in a plugin module to the def or class vLLM's files define for it (following ``from .z
 import Y`` re-exports), walks a class's bases in either package (left to right, depth first, each class once: C3
 order for the class trees these packages have), and says what ``Cls(...)`` binds against (the first ``__init__``
-on that walk). Where the files cannot tell (a base from a third package, a dataclass or pydantic model whose
-constructor is generated, a module ``__getattr__``), the answer is None: the caller counts it as undecidable,
-never as a fit.
+on that walk, or the one a dataclass, a ``msgspec.Struct`` or a ``NamedTuple`` generates from its fields:
+``generated_init``) and what class ``self.x`` holds (``attribute_class``: what the ``__init__`` of a base assigns
+it). Where the files cannot tell (a base from a third package, a pydantic ``BaseModel`` whose constructor is
+generated, a module ``__getattr__``), the answer is None: the caller counts it as undecidable, never as a fit.
 
 Each file is parsed once per process (``parsed``), whoever asks: the behavioural-drift scan, the drift points and
 the definitions reader share it.
@@ -20,6 +21,7 @@ import ast
 from dataclasses import dataclass, field
 
 from .definitions import module_bindings
+from .generated_init import generated_init, generated_kind
 from .host_index import absolute_module, host_index
 from .model import Param, ParamKind
 from .source_tree import SourceTree, parse_source
@@ -29,7 +31,8 @@ _PARSED: dict[tuple[str, str], ast.Module | None] = {}
 
 # Bases every class has, or that add nothing a call binds against or an attribute read finds.
 _TRIVIAL_BASES = frozenset({"object", "ABC", "abc.ABC", "Generic", "typing.Generic", "Protocol", "typing.Protocol"})
-# Decorators and bases that generate the constructor (its signature is not a def in the file).
+# Decorators and bases that generate the constructor (its signature is not a def in the file), where
+# ``generated_init`` does not read it.
 _GENERATED_INIT = frozenset({"dataclass", "dataclasses.dataclass", "NamedTuple", "typing.NamedTuple", "TypedDict",
                              "BaseModel", "pydantic.BaseModel", "Enum", "IntEnum", "StrEnum", "enum.Enum",
                              "msgspec.Struct", "Struct", "attr.s", "attrs.define", "define", "frozen",
@@ -136,6 +139,8 @@ class CodeModel:
         self.packages = {"plugin": plugin, "host": host}
         self._bindings: dict[tuple[str, str], dict] = {}
         self._mro: dict[str, tuple] = {}
+        self._held: dict[tuple[str, str], Definition | None] = {}  # attribute_class's answers
+        self._constructors: dict[str, tuple[Definition | None, str]] = {}
 
     # ------------------------------------------------------------------------------------------- modules
 
@@ -223,6 +228,27 @@ class CodeModel:
                 if found is not None:
                     return found
         return None
+
+    def origin(self, module: str, expr: str, _depth: int = 0) -> Definition | str | None:
+        """``resolve_expr``, except that a name either package imports from a third one (``dataclasses``,
+        ``msgspec``, ``pydantic``) is that package's dotted name (``from msgspec import Struct`` -> "msgspec.Struct"),
+        followed through the packages' re-exports; for a decorator or a base whose meaning comes from elsewhere."""
+        head, _, rest = expr.partition(".")
+        binding = self.bindings(module).get(head) if _depth <= 20 and self.side_of(module) else None
+        if binding is None:
+            return None
+        outside = None
+        if binding[0] == "import" and self.side_of(binding[1]) is None:
+            outside = f"{binding[1]}.{binding[2]}"
+        elif binding[0] == "module" and self.side_of(binding[1]) is None:
+            outside = binding[1]
+        elif binding[0] == "import":
+            followed = self.origin(binding[1], binding[2], _depth + 1)  # a re-export: where it comes from
+            if isinstance(followed, str) and self.side_of(followed) is None:
+                outside = followed
+        if outside is not None:
+            return f"{outside}.{rest}" if rest else outside
+        return self.resolve_expr(module, expr)
 
     def resolve_expr(self, module: str, expr: str) -> Definition | str | None:
         """``Name`` or ``a.b.Name`` as written in ``module`` (a call's function, a base), resolved through the
@@ -319,24 +345,125 @@ class CodeModel:
 
     def constructor(self, cls: Definition) -> tuple[Definition | None, str]:
         """``(the __init__ that Cls(...) binds against, "")``, or ``(None, why)`` when the files cannot tell: a
-        generated constructor (dataclass, NamedTuple, pydantic), an unresolved base before any ``__init__``, a
-        ``__new__`` or a metaclass. A class whose walk has no ``__init__`` takes no arguments (``object``'s)."""
+        generated constructor ``generated_init`` cannot read (pydantic ``BaseModel``, an enum, a dataclass field
+        with an alias), an unresolved base before any ``__init__``, a ``__new__`` or a metaclass. A generated one
+        (a dataclass's, a ``msgspec.Struct``'s) is a def made from the fields, named ``Cls.__init__`` as a written
+        one is. A class whose walk has no ``__init__`` takes no arguments (``object``'s)."""
+        if cls.path not in self._constructors:
+            self._constructors[cls.path] = self._constructor(cls)
+        return self._constructors[cls.path]
+
+    def _constructor(self, cls: Definition) -> tuple[Definition | None, str]:
         for candidate in self.mro(cls):
             if not isinstance(candidate, Definition):
                 if candidate in _TRIVIAL_BASES:
                     continue
                 return None, f"base {candidate} is not in either package's files"
+            made = generated_init(self, candidate)
+            if made is not None:
+                node, why = made
+                if node is None:
+                    return None, f"{candidate.path}'s generated constructor: {why}"
+                return Definition(candidate.side, candidate.module, f"{candidate.name}.__init__", node), ""
+            methods = self.methods(candidate)
             generated = {n.rsplit(".", 1)[-1] for n in decorator_names(candidate.node)} | {
                 (dotted(b) or "").rsplit(".", 1)[-1] for b in candidate.node.bases}
-            if generated & {g.rsplit(".", 1)[-1] for g in _GENERATED_INIT} or candidate.node.keywords:
-                return None, f"{candidate.path}'s constructor is generated"
-            methods = self.methods(candidate)
+            if "__init__" not in methods and generated_kind(self, candidate) is None and (
+                    generated & {g.rsplit(".", 1)[-1] for g in _GENERATED_INIT} or candidate.node.keywords):
+                return None, f"{candidate.path}'s constructor is generated"  # and not read (a BaseModel, an Enum)
             if "__new__" in methods:
                 return None, f"{candidate.path} defines __new__"
             if "__init__" in methods:
                 return Definition(candidate.side, candidate.module, f"{candidate.name}.__init__",
                                   methods["__init__"]), ""
         return None, "no __init__ found"
+
+    def attribute_class(self, cls: Definition, attribute: str) -> Definition | None:
+        """The class of what ``self.<attribute>`` holds on an instance of ``cls``, from the assignments the methods
+        along its walk make (a base's ``__init__`` assigning a manager it builds): each a call of a class (or of a function whose return
+        annotation names one), a parameter annotated with a class (``X``, ``X | None``, ``Optional[X]``) or an
+        annotated assignment; ``None`` assigned is left aside. None where one assignment is something else, where
+        they name unrelated classes, or where an unresolved base may assign it too; where they name a class and
+        its subclass, the subclass."""
+        key = (cls.path, attribute)
+        if key in self._held:
+            return self._held[key]
+        found: dict[str, Definition] = {}
+        self._held[key] = None
+        for candidate in self.mro(cls):
+            if not isinstance(candidate, Definition):
+                if candidate in _TRIVIAL_BASES:
+                    continue
+                return None
+            for method in self.methods(candidate).values():
+                for value in self._assigned(candidate.module, method, attribute):
+                    if value is False:
+                        return None
+                    if value is not None:
+                        found[value.path] = value
+        held = [c for c in found.values() if all(
+            any(isinstance(b, Definition) and b.path == other for b in self.mro(c)) for other in found)]
+        self._held[key] = held[0] if len(held) == 1 else None
+        return self._held[key]
+
+    def _assigned(self, module: str, method, attribute: str):
+        """For each ``self.<attribute> = value`` in ``method``: the class ``value`` is (a Definition), None for
+        ``None``, False where the files cannot tell."""
+        annotated = {a.arg: a.annotation for a in (*method.args.posonlyargs, *method.args.args,
+                                                   *method.args.kwonlyargs) if a.annotation is not None}
+        for node in statements(method.body):
+            if isinstance(node, ast.Assign):
+                targets, value, annotation = node.targets, node.value, None
+            elif isinstance(node, ast.AnnAssign):
+                targets, value, annotation = [node.target], node.value, node.annotation
+            else:
+                continue
+            for target in targets:
+                items = target.elts if isinstance(target, ast.Tuple) else [target]
+                if not any(isinstance(t, ast.Attribute) and t.attr == attribute and isinstance(t.value, ast.Name)
+                           and t.value.id == "self" for t in items):
+                    continue
+                if len(items) > 1 or (annotation is None and value is None):
+                    yield False
+                elif annotation is not None:
+                    yield self._annotated_class(module, annotation)
+                elif isinstance(value, ast.Constant) and value.value is None:
+                    yield None
+                elif isinstance(value, ast.Name) and value.id in annotated:
+                    yield self._annotated_class(module, annotated[value.id])
+                elif isinstance(value, ast.Call):
+                    yield self._built_class(module, value)
+                else:
+                    yield False
+
+    def _built_class(self, module: str, call: ast.Call) -> Definition | bool:
+        """The class a call builds: ``Cls(...)``, or ``make(...)`` whose return annotation names one; False else."""
+        written = dotted(call.func)
+        built = self.resolve_expr(module, written) if written else None
+        if isinstance(built, Definition) and not built.is_class and getattr(built.node, "returns", None) is not None:
+            return self._annotated_class(built.module, built.node.returns)
+        return built if isinstance(built, Definition) and built.is_class else False
+
+    def _annotated_class(self, module: str, annotation) -> Definition | bool:
+        """The one class an annotation names (``X``, ``"X"``, ``X | None``, ``Optional[X]``, ``Union[X, None]``);
+        False for anything else (a container, a union of classes, a name the files cannot follow)."""
+        if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+            try:
+                annotation = ast.parse(annotation.value, mode="eval").body
+            except SyntaxError:
+                return False
+        members = [annotation]
+        if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+            members = [annotation.left, annotation.right]
+        elif isinstance(annotation, ast.Subscript) and (dotted(annotation.value) or "").rsplit(".", 1)[-1] in (
+                "Optional", "Union"):
+            inner = annotation.slice
+            members = list(inner.elts) if isinstance(inner, ast.Tuple) else [inner]
+        members = [m for m in members if not (isinstance(m, ast.Constant) and m.value is None)]
+        written = dotted(members[0]) if len(members) == 1 and isinstance(members[0], (ast.Name, ast.Attribute)) \
+            else None
+        found = self.resolve_expr(module, written) if written else None
+        return found if isinstance(found, Definition) and found.is_class else False
 
     def abstract_left(self, cls: Definition) -> tuple[list[tuple[str, Definition]], bool]:
         """``([(method, the class declaring it abstract)], complete)``: the abstract methods ``cls`` leaves

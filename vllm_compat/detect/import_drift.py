@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..entrypoints import DIFFUSION_STAGE, called, entrypoints_of
+from ..entrypoints import DIFFUSION_STAGE, called, entrypoints_of, feature_of
 from .source_tree import SourceTree, tree_of
 
 # The three readers (host_index, import_graph, source_scan) are imported by check_import_drift, where they run: a
@@ -70,11 +70,15 @@ class EntrypointDrift:
         return sorted({u.target for u in self.blocking})
 
 
+LEFT_OUT = "left_out"  # a part's status where it stops while what it is part of starts without it
+
+
 @dataclass(frozen=True)
 class EntrypointStatus:
     """Whether one entrypoint starts once the bridges act: ``status`` is "works" (nothing it reaches is missing),
     "works_with_vllm_compat" (what is missing is bridged in time), "will_not_start" (``missing``: the names no
-    bridge provides) or "absent" (this release ships none of its roots)."""
+    bridge provides), "fails_on_request", "absent" (this release ships none of its roots) or, for a part only,
+    "left_out" (it would not start, and what it is part of starts without it)."""
 
     id: str
     label: str
@@ -195,8 +199,7 @@ class ImportDrift:
                                  else []) + ([f"{', '.join(status.missing_in_vllm)} missing, no bridge in vllm_compat"]
                                              if status.missing_in_vllm else [])
                                 + [f.describe() for f in status.drift])
-                why = f"{e.label} do not start ({why})" if status.status == "will_not_start" else \
-                    f"{e.label} fail on request ({why})"
+                why = f"{e.label} ({'they do not start' if status.status == 'will_not_start' else 'they fail on request'}: {why})"
                 for parent in e.part_of:
                     parts_left_out.setdefault(parent, []).append((e.id, why))
             else:  # it starts, and leaves out what its bridges leave out
@@ -207,8 +210,25 @@ class ImportDrift:
 
     @property
     def part_statuses(self) -> tuple[EntrypointStatus, ...]:
-        """The parts' own statuses (what ``statuses`` folds into the entrypoints they are part of)."""
-        return tuple(self._status(e) for e in self.entrypoints if e.part_of)
+        """The parts' own statuses (what ``statuses`` folds into the entrypoints they are part of), each judged on
+        every pair: a part that stops or fails while an entrypoint it is part of starts is "left_out" (that
+        entrypoint starts without it, and the verdict names it)."""
+        parents = {st.id: st for st in self.statuses}
+        found = []
+        for e in self.entrypoints:
+            if not e.part_of:
+                continue
+            status = self._status(e)
+            if status.status in ("will_not_start", "fails_on_request") and any(
+                    parents[p].starts for p in e.part_of if p in parents):
+                status = dataclasses.replace(status, status=LEFT_OUT)
+            found.append(status)
+        return tuple(found)
+
+    @property
+    def all_statuses(self) -> tuple[EntrypointStatus, ...]:
+        """``statuses`` then ``part_statuses``: every line the short screen, plan and ``--require`` judge."""
+        return self.statuses + self.part_statuses
 
     def _status(self, e: EntrypointDrift) -> EntrypointStatus:
         names = e.blocking_names
@@ -226,7 +246,7 @@ class ImportDrift:
         not_installed = tuple(sorted({u.module for u in e.blocking if u.reason == PACKAGE_NOT_INSTALLED}))
         by = {self.bridged_by(n) for n in bridged}
         left_out = tuple((entry, text) for entry, text in self.left_out if entry in by) + tuple(
-            (UNHANDLED, f"it will not start when {f.stops_when(e.id)} ({f.describe()})")
+            (UNHANDLED, f"{feature_of(f.plugin_object)} (it will not start when {f.stops_when(e.id)}: {f.describe()})")
             for f in when_used if f.effect(e.id) == "stops_when")
         return EntrypointStatus(e.id, e.label, status, e.roots, missing, bridged, not_installed, left_out, drift,
                                 when_used, handled)
@@ -334,7 +354,7 @@ class ImportDrift:
             "early": self.early,
             "unresolved": [u.to_dict() for u in self.unresolved],
             "blocking": [u.to_dict() for u in self.blocking],
-            "entrypoints": {s.id: s.to_dict() for s in self.statuses},
+            "entrypoints": {s.id: s.to_dict() for s in self.all_statuses},  # the LLM / AR stages too
             "worker_module": self.worker_module,
             "worker_ok": self.worker_ok,
             "worker_blocking_names": self.worker_blocking_names,
