@@ -27,9 +27,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import tomllib
 
 HERE = Path(__file__).parent
 

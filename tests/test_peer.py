@@ -11,10 +11,10 @@ import hashlib
 import importlib.util
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 PEER = Path(__file__).resolve().parent.parent / "peer"
 RELEASES = sorted(p.name.removeprefix("vllm-omni-") for p in PEER.glob("vllm-omni-*/"))

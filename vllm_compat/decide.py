@@ -33,6 +33,9 @@ class Decision:
     # What still fails where a patched bridge provides a name for the import only (a raising stand-in): the feature,
     # in words users know, for the entrypoint lines and the verdict; empty where nothing is left out.
     leaves_out: str = ""
+    # The entrypoint (``entrypoints.Entrypoint.id``) whose feature ``leaves_out`` names, where the drift point leaves a
+    # behaviour out rather than a name: the verdict names it under that entrypoint, whatever the import drift says.
+    leaves_out_of: str = ""
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -42,6 +45,8 @@ class Decision:
             data["provides"] = list(self.provides)
         if not self.leaves_out:
             del data["leaves_out"]
+        if not self.leaves_out_of:
+            del data["leaves_out_of"]
         return data
 
 

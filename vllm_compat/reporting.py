@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .detect.static import SiteFacts
-from .entrypoints import ENTRYPOINTS
 from .detect.versions import TESTED_VLLM_RANGE, is_tested_vllm
+from .entrypoints import ENTRYPOINTS
 
 SHORT_WIDTH = 100  # columns of the default doctor / check screen (``--width``); ``--verbose`` is not wrapped
 
@@ -73,14 +73,20 @@ class Report:
             return None
         if self.judge_packages and not self._packages_judged:
             self._import_drift, self._packages_judged = self._import_drift.judged_installed(), True
-        from .bridges import drift_handler, left_out_by_decisions, provided_by_decisions
+        from .bridges import (
+            drift_handler,
+            left_out_by_decisions,
+            provided_by_decisions,
+            stage_left_out_by_decisions,
+        )
 
         if self.startup_hook is None:
             from ._startup import is_installed
 
             self.startup_hook = is_installed()
         return self._import_drift.with_bridges(provided_by_decisions(self.patches), self.startup_hook,
-                                               left_out_by_decisions(self.patches)).with_behaviour(
+                                               left_out_by_decisions(self.patches),
+                                               stage_left_out_by_decisions(self.patches)).with_behaviour(
             self.behaviour_drift, drift_handler(self.patches, self._handles))
 
     @property

@@ -133,7 +133,7 @@ wrapped = manager.build_kv_manager
 vllm_compat.revert()
 out["reverted_to_original"] = manager.build_kv_manager is getattr(wrapped, "__wrapped__", wrapped)
 print("RESULT", json.dumps(out))
-""" % {"scenario": repr((BLOCK, HEADS, HEAD_SIZE, LAYERS, BLOCKS))}
+""" % {"scenario": repr((BLOCK, HEADS, HEAD_SIZE, LAYERS, BLOCKS))}  # noqa: UP031 - the script holds braces
 
 
 def _run(env: dict | None = None) -> dict:

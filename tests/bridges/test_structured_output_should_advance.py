@@ -22,7 +22,14 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from conftest import OMNI_VERSION, VLLM_VERSION, _has_v1_model_runner, needs_omni, needs_v1_model_runner, run_python
+from conftest import (
+    OMNI_VERSION,
+    VLLM_VERSION,
+    _has_v1_model_runner,
+    needs_omni,
+    needs_v1_model_runner,
+    run_python,
+)
 from vllm_compat.bridges import structured_output_should_advance as bridge
 from vllm_compat.config import Controls
 from vllm_compat.decide import Action

@@ -160,6 +160,13 @@ def drift_handler(decisions, handles: dict | None = None):
     return handler
 
 
+def stage_left_out_by_decisions(decisions) -> tuple[tuple[str, str, str], ...]:
+    """(entrypoint id, entry id, feature) for every decision that leaves a behaviour of an entrypoint out
+    (``Decision.leaves_out_of``), whatever it installs: the feature fails there, and the verdict says so."""
+    return tuple((d.leaves_out_of, d.name, d.leaves_out) for d in decisions
+                 if d.leaves_out and d.leaves_out_of and d.action != "disabled")
+
+
 def left_out_by_decisions(decisions) -> dict[str, str]:
     """{entry id: what it leaves out} for every bridge decided "patched" whose stand-in provides a name for the
     import only (``Decision.leaves_out``)."""

@@ -292,7 +292,8 @@ class ARRunnerBookkeepingSync(DriftPoint):
         return with_fields(self.decision(
             Action.PATCHED, f"{what} returns {len(facts.returned)} values ({', '.join(facts.returned)}) where "
             f"vllm-omni's {OMNI_CLASS}.{CALLER} unpacks {len(facts.unpacked)}; inside it, {METHOD} gives them in "
-            f"vllm-omni's order{recounted}{dropped}"), leaves_out=facts.leaves_out)
+            f"vllm-omni's order{recounted}{dropped}"), leaves_out=facts.leaves_out,
+            leaves_out_of="llm_stage" if facts.leaves_out else "")
 
     def locate(self, module):
         cls = getattr(module, OMNI_CLASS, None)

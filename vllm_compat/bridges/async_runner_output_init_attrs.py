@@ -113,8 +113,8 @@ def init_values(init, taken: set[str]) -> dict[str, object]:
     args = init.args
     positional = args.posonlyargs + args.args
     params = dict.fromkeys((a.arg for a in positional + args.kwonlyargs), UNKNOWN)
-    defaults = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
-    defaults += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+    defaults = list(zip(positional[len(positional) - len(args.defaults):], args.defaults, strict=True))
+    defaults += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None]
     for arg, default in defaults:
         if arg.arg not in taken and isinstance(default, ast.Constant):
             params[arg.arg] = default.value

@@ -170,7 +170,8 @@ class StructuredOutputShouldAdvance(ClassAttributeStandIn):
                                 f"{' and '.join(facts.missing)}, which this vLLM's {CLASS_NAME} lacks")
         return replace(self.decision(
             Action.PATCHED, f"vLLM's {CLASS_NAME} has no {NAME} (removed in 0.30) and vllm-omni calls it "
-            f"({', '.join(facts.callers)}); vLLM 0.24's method is put back"), leaves_out=LEAVES_OUT)
+            f"({', '.join(facts.callers)}); vLLM 0.24's method is put back"), leaves_out=LEAVES_OUT,
+            leaves_out_of="llm_stage")
 
     def report_lines(self, facts: ShouldAdvanceFacts) -> list[str]:
         acts = facts.host == Kind.LACKS and facts.callers and not facts.missing

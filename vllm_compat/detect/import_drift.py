@@ -146,6 +146,9 @@ class ImportDrift:
     # handles it or None) for each of its findings (``with_behaviour``)
     behaviour: object = None
     behaviour_handled: tuple = ()
+    # (entrypoint id, catalogue entry id, feature) for what a drift point leaves out of an entrypoint's behaviour
+    # (``bridges.stage_left_out_by_decisions``)
+    stage_left_out: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -246,6 +249,7 @@ class ImportDrift:
         not_installed = tuple(sorted({u.module for u in e.blocking if u.reason == PACKAGE_NOT_INSTALLED}))
         by = {self.bridged_by(n) for n in bridged}
         left_out = tuple((entry, text) for entry, text in self.left_out if entry in by) + tuple(
+            (entry, text) for of, entry, text in self.stage_left_out if of == e.id and e.roots) + tuple(
             (UNHANDLED, f"{feature_of(f.plugin_object)} (it will not start when {f.stops_when(e.id)}: {f.describe()})")
             for f in when_used if f.effect(e.id) == "stops_when")
         return EntrypointStatus(e.id, e.label, status, e.roots, missing, bridged, not_installed, left_out, drift,
@@ -315,15 +319,17 @@ class ImportDrift:
             dataclasses.replace(e, blocking=e.blocking + tuple(p for p in e.packages if not is_installed(p.module)))
             for e in self.entrypoints))
 
-    def with_bridges(self, provided: dict[str, str], early: bool, left_out: dict[str, str] | None = None
-                     ) -> ImportDrift:
+    def with_bridges(self, provided: dict[str, str], early: bool, left_out: dict[str, str] | None = None,
+                     stage_left_out: tuple[tuple[str, str, str], ...] = ()) -> ImportDrift:
         """This drift with ``provided`` ({target: entry id}, what the decided bridges provide) matched against
         the unresolved targets; ``early`` as the field says; ``left_out`` ({entry id: feature}) what those bridges
-        leave out (``bridges.left_out_by_decisions``)."""
+        leave out (``bridges.left_out_by_decisions``); ``stage_left_out`` what drift points leave out of an
+        entrypoint's behaviour (``bridges.stage_left_out_by_decisions``)."""
         bridged = tuple(sorted((t, provided[t]) for t in {u.target for u in self.unresolved} if t in provided))
         used = {entry for _, entry in bridged}
         return dataclasses.replace(self, bridged=bridged, early=early,
-                                   left_out=tuple(sorted(i for i in (left_out or {}).items() if i[0] in used)))
+                                   left_out=tuple(sorted(i for i in (left_out or {}).items() if i[0] in used)),
+                                   stage_left_out=tuple(stage_left_out))
 
     def with_behaviour(self, behaviour, handler) -> ImportDrift:
         """This drift with the behavioural drift of the pair (``detect.behaviour_drift.BehaviourDrift``, or None),

@@ -138,7 +138,7 @@ class StreamingInputSessions(MethodPatch):
                                  f"{UPDATE}, and no installed vllm-omni scheduler replaces it without doing so")
         return replace(self.decision(
             Action.SKIPPED, f"left out: {LEAVES_OUT}. {WHAT_HAPPENS} ({', '.join(facts.replacers)}); restoring it "
-            "would replace vLLM's logic, so nothing is installed"), leaves_out=LEAVES_OUT)
+            "would replace vLLM's logic, so nothing is installed"), leaves_out=LEAVES_OUT, leaves_out_of="llm_stage")
 
     def install(self, owner, decision: Decision, state) -> bool:
         return False  # never decided "patched": there is nothing to install
