@@ -452,8 +452,8 @@ def _except(started) -> str:
 
 
 def _entrypoint_lines(drift, width: int) -> list[str]:
-    """One line per entrypoint and per part of one (the LLM / AR stages: judged on every pair), then one for the
-    features the started ones leave out (the first, and a count)."""
+    """One line per entrypoint and per part of one (the LLM / AR stages: judged on every pair), each with its first
+    reason: what stops it, or for one that starts the first feature it leaves out and how many more."""
     shown = [st for st in drift.all_statuses if not (st.id in _PARTS and st.status == "absent")]
     label_width = max(len(st.label) for st in shown)
     lines = []
@@ -465,13 +465,6 @@ def _entrypoint_lines(drift, width: int) -> list[str]:
             lines.append(f"{line}{joint}{reason}")
         else:  # the reason on its own line, shortened to one
             lines += [_fit(line, width)] + ([_fit(f"    {reason}", width)] if reason else [])
-    parts_shown = {st.id for st in shown if st.id in _PARTS}
-    features = _feature_names(item for st in drift.statuses if st.starts for item in st.left_out
-                              if item[0] not in parts_shown)
-    if features:
-        more = f", +{len(features) - 1} more (--verbose)" if len(features) > 1 else " (--verbose)"
-        first = features[0].split(" (", 1)[0]
-        lines.append(f"  left out: {_fit(first, width - len('  left out: ') - len(more))}{more}")
     return lines
 
 
