@@ -468,6 +468,9 @@ def _entrypoint_lines(drift, width: int) -> list[str]:
     return lines
 
 
+MAX_ID_LINES = 5  # the acting drift points' lines on the short screen (its 25-line budget)
+
+
 def _compat_lines(patches, width: int) -> list[str]:
     """What vllm_compat does here: the acting drift points (counts by catalogue kind, then their ids, wrapped);
     pending ones counted; every refused one on a line with its reason; the disabled ones on one line."""
@@ -487,11 +490,16 @@ def _compat_lines(patches, width: int) -> list[str]:
     tail = f"; {pending} pending (target not installed)" if pending else ""
     if acting:
         kinds = ", ".join(f"{n} {KIND_PLURALS.get(k, k + 's') if n > 1 else k}" for k, n in by_kind.items() if n)
-        text = (f"  vllm_compat acts on {len(acting)} of {len(patches)} drift points ({kinds}){tail}: "
-                + ", ".join(d.name for d in acting))
+        head = f"  vllm_compat acts on {len(acting)} of {len(patches)} drift points ({kinds}){tail}: "
+        names = [d.name for d in acting]
+        lines = _wrap(head + ", ".join(names), width, "    ")
+        shown = len(names)
+        while len(lines) > MAX_ID_LINES and shown > 1:  # the rest by count: --verbose names every one
+            shown -= 1
+            lines = _wrap(head + ", ".join(names[:shown]) + f", +{len(names) - shown} more (--verbose)", width,
+                          "    ")
     else:
-        text = f"  vllm_compat: no drift point acts here ({len(patches)} checked){tail}"
-    lines = _wrap(text, width, "    ")
+        lines = _wrap(f"  vllm_compat: no drift point acts here ({len(patches)} checked){tail}", width, "    ")
     refused = [d for d in patches if d.action == "refused"]
     for d in refused[:3]:
         lines.append(_fit(f"  refused: {d.name} ({d.reason})", width))
