@@ -20,11 +20,15 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from conftest import VLLM_VERSION, needs_omni, needs_v1_model_runner, run_python
+from conftest import OMNI_VERSION, VLLM_VERSION, needs_omni, needs_v1_model_runner, run_python
 from vllm_compat.config import Controls
 from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.patches import streaming_input_sessions as point_module
+
+# what these tests expect was measured with vllm-omni 0.24.0's files (the release its drift is in)
+measured_omni = pytest.mark.skipif(OMNI_VERSION != "0.24.0", reason="expectations measured with vllm-omni 0.24.0; "
+                                   f"this env has {OMNI_VERSION}")
 
 POINT = point_module.DRIFT_POINT
 STATIC = POINT.detect_static(StaticSite.installed())
@@ -137,6 +141,7 @@ def test_facts_are_what_the_wheels_say_and_agree_at_run_time():
 @needs_omni
 @needs_v1_model_runner
 @pytest.mark.parametrize("which", ["ar", "ar_async", "generation"])
+@measured_omni
 def test_a_session_takes_its_next_chunk_exactly_where_the_feature_is_not_left_out(which, tmp_path):
     argv = ["session", str(WORKER), str(tmp_path / "lm"), which, json.dumps(PROMPT), json.dumps(CHUNK)]
     done = run_python(f"import sys; sys.argv = {argv!r}; exec(compile({SCRIPT!r}, 'session', 'exec'))", warm=True)
