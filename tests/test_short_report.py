@@ -38,7 +38,7 @@ sweep_here = pytest.mark.skipif(
 MAX_LINES, MAX_COLUMNS = 25, 100
 STATUS_TEXT = {"works": "starts natively", "works_with_vllm_compat": "starts with vllm_compat",
                "will_not_start": "WILL NOT START", "fails_on_request": "starts, FAILS ON REQUEST",
-               "absent": "not in this vllm-omni release"}
+               "absent": "not in this vllm-omni release", "left_out": "LEFT OUT"}
 
 
 def _run(capsys, *args) -> tuple[int, str]:

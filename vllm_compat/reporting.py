@@ -455,11 +455,16 @@ def _entrypoint_lines(drift, width: int) -> list[str]:
     """One line per entrypoint and per part of one (the LLM / AR stages: judged on every pair), each with its first
     reason: what stops it, or for one that starts the first feature it leaves out and how many more."""
     shown = [st for st in drift.all_statuses if not (st.id in _PARTS and st.status == "absent")]
+    # what a shown part leaves out (or the part itself) is said on the part's line, not again on its parents'
+    parts = [st for st in shown if st.id in _PARTS]
+    said = {st.id for st in parts} | {item for st in parts for item in st.left_out}
     label_width = max(len(st.label) for st in shown)
     lines = []
     for st in shown:
         line = f"  {st.label:<{label_width}}  {ENTRYPOINT_STATUS_TEXT[st.status]}"
-        reason = _first_reason(st)
+        own = st if st in parts else dataclasses.replace(st, left_out=tuple(
+            item for item in st.left_out if item not in said and item[0] not in said))
+        reason = _first_reason(own)
         joint = ", " if reason.startswith("except ") else ": "
         if reason and len(line) + 2 + len(reason) <= width:
             lines.append(f"{line}{joint}{reason}")

@@ -48,9 +48,9 @@ MANAGER_FILE = "vllm/v1/structured_output/__init__.py"
 CALLER = "structured_output_manager"  # vllm-omni calls it as self.structured_output_manager.should_advance(...)
 # What the stand-in reads from the manager: a method, and an attribute its __init__ assigns.
 NEEDS_METHOD, NEEDS_ATTRIBUTE = "_get_reasoner", "enable_in_reasoning"
-LEAVES_OUT = ("structured output with a reasoning parser in the AR stage where reasoning ends inside a step's tokens "
-              "(speculative decoding) or on a content token (vLLM 0.33+'s implicit reasoning ends): the grammar misses "
-              "that step's content tokens")
+LEAVES_OUT = ("structured output after reasoning (where reasoning ends inside a step's tokens under speculative "
+              "decoding, or on a content token as vLLM 0.33+'s implicit reasoning ends do, the AR stage's grammar "
+              "misses that step's content tokens)")
 
 
 class Kind:
