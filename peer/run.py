@@ -67,7 +67,7 @@ def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
     for case in ET.parse(junit).getroot().iter("testcase"):
         module = case.get("classname", "")
         if module:
-            path, _, klass = _split_classname(module)
+            path, klass = _split_classname(module)
             test_id = f"{path}::{klass + '::' if klass else ''}{case.get('name')}"
         else:  # a file that failed to collect: junit names its module, dotted
             test_id = case.get("name", "").replace(".", "/") + ".py"
@@ -83,13 +83,13 @@ def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
     return result
 
 
-def _split_classname(classname: str) -> tuple[str, str, str]:
-    """junit's ``tests.engine.test_x.TestY`` -> (``tests/engine/test_x.py``, "", ``TestY``)."""
+def _split_classname(classname: str) -> tuple[str, str]:
+    """junit's ``tests.engine.test_x.TestY`` -> (``tests/engine/test_x.py``, ``TestY``)."""
     parts = classname.split(".")
     for cut in range(len(parts), 0, -1):
         if parts[cut - 1].startswith("test_") or parts[cut - 1].endswith("_test"):
-            return "/".join(parts[:cut]) + ".py", "", "::".join(parts[cut:])
-    return "/".join(parts) + ".py", "", ""
+            return "/".join(parts[:cut]) + ".py", "::".join(parts[cut:])
+    return "/".join(parts) + ".py", ""
 
 
 def run(python: str, release: str, suites: list[str], native: bool, workdir: Path, workers: str) -> dict:
