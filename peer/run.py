@@ -100,7 +100,7 @@ def run(python: str, release: str, suites: list[str], native: bool, workdir: Pat
     if native:
         env["VLLM_COMPAT_DISABLE"] = "1"
     command = [python, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
-               "--junitxml", str(junit),
+               "--rootdir", str(run_dir), "--junitxml", str(junit),
                "-o", "junit_family=xunit1", *(["-n", workers] if workers != "0" else [])]
     subprocess.run(command, cwd=run_dir, env=env, stdout=sys.stderr)
     return outcomes(junit)

@@ -103,6 +103,9 @@ def _junit(tmp_path: Path, files: dict[str, str]) -> Path:
         (tmp_path / "tests" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "tests" / name).write_text(text)
     (tmp_path / "tests" / "__init__.py").write_text("")
+    # the layout's own config file, as the stored upstream pyproject.toml is in a real run: without one pytest takes
+    # the first config above tmp_path (this repository's, where the tmp folder lies inside it) and names tests from there
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
     junit = tmp_path / "junit.xml"
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:vllm_compat",
                     "--continue-on-collection-errors",
