@@ -86,6 +86,8 @@ CATALOGUE: tuple[Entry, ...] = (
           "OmniARScheduler._update_request_as_session"),
     Entry("request_token_buffer_clear", "patch", _P + "request_token_buffer_clear", "vllm_omni.request",
           "OmniRequest.__init__"),
+    Entry("async_tokens_to_discard", "adapter", _B + "async_tokens_to_discard", "vllm_omni.core.sched.omni_ar_scheduler",
+          "OmniARAsyncScheduler._update_request_with_output"),
     Entry("structured_output_should_advance", "stand-in", _B + "structured_output_should_advance",
           "vllm.v1.structured_output", "StructuredOutputManager.should_advance"),
     Entry("async_runner_output_init_attrs", "adapter", _B + "async_runner_output_init_attrs",

@@ -3,8 +3,8 @@
 Why: vLLM 0.31-0.33 moved the bookkeeping of a streaming input session (a resumable request that takes its next
 input chunk when its turn stops) into ``Scheduler.update_from_output``, which vllm-omni 0.24.0's ``OmniARScheduler``
 and ``OmniGenerationScheduler`` replace with their own copies of vLLM 0.24's: vLLM 0.31 drops the finished turn's
-in-flight output there (``drop_stale_output``; ``Request.async_tokens_to_discard``, which vllm-omni still sets, was
-gone from 0.30) and vLLM 0.33 puts the continuing session back in the waiting queue there, no longer in
+in-flight output there (``drop_stale_output``; from 0.27 vLLM ignores the ``Request.async_tokens_to_discard``
+vllm-omni sets: ``async_tokens_to_discard`` restores its effect) and vLLM 0.33 puts the continuing session back in the waiting queue there, no longer in
 ``_handle_stopped_request``. Driven on CPU through vllm-omni's own schedulers, a session on vLLM 0.33 stops after its
 first input chunk: the next chunk is merged into it and it is never scheduled again (the AR and the generation
 scheduler, synchronous or async); under async scheduling the finished turn's in-flight token also becomes the next
