@@ -1,0 +1,60 @@
+"""A plugin release's file for a test: found in the check's wheel cache (``detect.wheels.cache_dir``: the
+``VLLM_COMPAT_WHEEL_CACHE``, else ``~/.cache/vllm-compat/wheels``), or a skip that says how to put it there. Nothing is
+downloaded here: the plugins' wheels are platform wheels (vllm-metal is macOS arm64 only, lmcache and vllm-ascend
+carry CUDA / NPU builds) that ``pip download`` would refuse on this machine, and kvcached publishes sdists only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_compat.detect.wheels import cache_dir
+
+HOW = ("put it there from https://pypi.org/project/{name}/{version}/#files (any wheel of that version, or the "
+       "sdist where there is no wheel)")
+
+
+def release_path(name: str, version: str) -> Path | None:
+    """The cached wheel (preferred) or sdist of ``name==version``; None when neither is cached."""
+    from packaging.utils import (
+        InvalidSdistFilename,
+        InvalidWheelFilename,
+        canonicalize_name,
+        parse_sdist_filename,
+        parse_wheel_filename,
+    )
+    from packaging.version import Version
+
+    directory = cache_dir()
+    if not directory.is_dir():
+        return None
+    found = []
+    for path in directory.iterdir():
+        try:
+            if path.name.endswith(".whl"):
+                found_name, found_version = parse_wheel_filename(path.name)[:2]
+            elif path.name.endswith(".tar.gz"):
+                found_name, found_version = parse_sdist_filename(path.name)
+            else:
+                continue
+        except (InvalidWheelFilename, InvalidSdistFilename):
+            continue
+        if found_name == canonicalize_name(name) and found_version == Version(version):
+            found.append(path)
+    return sorted(found, key=lambda p: (not p.name.endswith(".whl"), p.name))[0] if found else None
+
+
+def release_or_skip(name: str, version: str) -> Path:
+    path = release_path(name, version)
+    if path is None:
+        pytest.skip(f"{name}=={version} is not in {cache_dir()}: " + HOW.format(name=name, version=version))
+    return path
+
+
+def vllm_wheel_or_skip(version: str) -> Path:
+    path = release_path("vllm", version)
+    if path is None or not path.name.endswith(".whl"):
+        pytest.skip(f"vllm=={version} wheel is not in {cache_dir()} (`vllm-compat check vllm=={version} ...` puts it "
+                    "there)")
+    return path
