@@ -13,7 +13,8 @@
 # (the one to three that differ per vLLM), into $B/deps{,024,0251,026}.
 # Parts (tar.xz), unpacked on the device under /tmp/vcs by gpu/device_env_serve.sh:
 #   deps        the common dependencies
-#   py024       vLLM 0.24.0's pure-Python tree + dist-info + its own deps  (no .so, no vllm-rs, no C/CUDA sources)
+#   py024       vLLM 0.24.0's pure-Python tree + dist-info (no .so, no vllm-rs, no C/CUDA sources) + its own deps
+#               (whole, compiled files included: pack_py below)
 #   so024       vLLM 0.24.0's compiled kernels for torch 2.11: _C_stable_libtorch (111 MB) and the small ones
 #               (spinloop, _qutlass_C, cumem_allocator, _rust_tool_parser, deep_gemm's cp312 _C); left out: FA2
 #               (191 MB: vllm-omni's attention runs on TORCH_SDPA here), _moe_C, flashmla (not on an image's path)
@@ -30,10 +31,10 @@
 #                builds the 0.26.0 set alone (~90 MiB of parts; `SERVE_PHASES=llm026,image026,omni026` then).
 #   SERVE_PHASES (default issue35) the phases gpu/serve_calls.py plans the calls for: a named list of its RERUNS
 #                (issue35, issue35_all, issue24) or comma-separated phase names.
-#   CALL_MB   (default 56) the most MiB of slices in one call folder gpu/.carry/serve/callN/. The device tool carries
+#   CALL_MB   (default 52) the most MiB of slices in one call folder gpu/.carry/serve/callN/. The device tool carries
 #             64 MiB a call, the working tree included: tracked files plus untracked files git does not ignore
-#             (`git ls-files -z | xargs -0 du -cb`: 3.4 MiB at 6051031). 56 leaves ~4.6 MiB; the old 60 left
-#             0.6 MiB. gpu/serve_calls.py, run at the end, measures the tree again and fails (exit 1) if a call would
+#             (`git ls-files -z | xargs -0 du -cb`: 3.4 MiB at 6051031, 8.7 MiB on 2026-12-06 with peer/). 52 leaves
+#             ~3.3 MiB beside that tree; 56 left -0.6 MiB there, 4.6 MiB at 6051031. gpu/serve_calls.py, run at the end, measures the tree again and fails (exit 1) if a call would
 #             leave less than MARGIN_MB (default 2) MiB.
 #   SLICE_MB  (default 16) each part is cut into slices of at most this many MiB (at most CALL_MB); slices well
 #             under CALL_MB let first fit fill each call folder close to CALL_MB.
@@ -47,11 +48,29 @@
 # are complete by then, else `unpack`; then the phases left, with no carry). gpu/device_env_serve.sh (sourced by
 # serve_run.sh) keeps the slices under /tmp and unpacks a part when all its slices are there.
 set -euo pipefail
+# uv copies files out of its cache instead of hard-linking them: a hard-linked file is shared with every other install
+# from the same cache, whose linking changes the file's ctime while tar reads it (2026-12-06: `tar:
+# ./openai_harmony/openai_harmony.abi3.so: file changed as we read it`, the build stopped after 103 s).
+export UV_LINK_MODE=copy
+PURE=(--exclude='__pycache__' --exclude='*.so' --exclude='vllm/vllm-rs' --exclude='*.h' --exclude='*.hpp'
+      --exclude='*.cuh' --exclude='*.cu' --exclude='*.inl')
+# pack_py VTREE VER DEPS OUT: the part pyTAG, an uncompressed tar at OUT: vLLM VER's pure-Python tree from VTREE
+# (PURE: no .so, no vllm-rs, no C/CUDA sources) and, appended in a second tar run, every file of DEPS (the set's own
+# dependencies, compiled ones included) but __pycache__ and ./bin. GNU tar applies an --exclude to every member of the
+# run, so one run with PURE would strip DEPS's .so files too (2026-12-06: apache-tvm-ffi's libtvm_ffi.so went missing
+# from py026, whose copy of tvm_ffi precedes the deps part on PYTHONPATH: `import xgrammar` failed on the device).
+# tests/gpu/test_serve_pack.py sources this file for it.
+pack_py() {
+    local vtree=$1 ver=$2 deps=$3 out=$4
+    tar -cf "$out" "${PURE[@]}" -C "$vtree" vllm "vllm-$ver.dist-info"
+    tar -rf "$out" --exclude='__pycache__' --exclude='./bin' -C "$deps" .
+}
+! (return 0 2> /dev/null) || return 0  # sourced (`source gpu/prepare_serve.sh`): the lines above only
 cd "$(dirname "$0")/.."
 B=$(realpath -m "${SERVE_BUILD:-gpu/.serve-build}")
 C=gpu/.carry/serve
 SLICE_MB=${SLICE_MB:-16}
-CALL_MB=${CALL_MB:-56}
+CALL_MB=${CALL_MB:-52}
 SETS=${SERVE_SETS:-026 0251 024}
 [ "$SLICE_MB" -le "$CALL_MB" ] || { echo "prepare_serve: SLICE_MB ($SLICE_MB) must not exceed CALL_MB ($CALL_MB)" >&2; exit 1; }
 PLAT=(--python-version 3.12 --python-platform x86_64-manylinux_2_39 --only-binary :all: --no-deps --no-compile)
@@ -88,13 +107,12 @@ done
 
 # 3. Parts.
 rm -rf "$P" && mkdir -p "$P"
-PURE=(--exclude='__pycache__' --exclude='*.so' --exclude='vllm/vllm-rs' --exclude='*.h' --exclude='*.hpp'
-      --exclude='*.cuh' --exclude='*.cu' --exclude='*.inl')
 xzpart() { xz -T0 "-${XZ_LEVEL:-1}" > "$P/$1.tar.xz"; }
 tar -C "$B/deps" -cf - --exclude='__pycache__' --exclude='./bin' . | xzpart deps
 for tag in $SETS; do
     ver=$(ver_of "$tag")
-    tar -cf - "${PURE[@]}" -C "$B/v$tag" vllm "vllm-$ver.dist-info" -C "$B/deps$tag" --exclude='./bin' . | xzpart "py$tag"
+    pack_py "$B/v$tag" "$ver" "$B/deps$tag" "$P/py$tag.tar"
+    xzpart "py$tag" < "$P/py$tag.tar" && rm "$P/py$tag.tar"
     (cd "$B/v$tag" && tar -cf - vllm/_C_stable_libtorch.abi3.so vllm/spinloop.abi3.so vllm/_qutlass_C.abi3.so \
         vllm/cumem_allocator.abi3.so vllm/_rust_tool_parser.abi3.so \
         vllm/third_party/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so) | xzpart "so$tag"
@@ -120,23 +138,7 @@ for part in "${PARTS[@]}"; do
 done
 # First fit over every call folder opened so far, parts in PARTS order: the first set of SERVE_SETS is complete first,
 # the last set's kernels come last (in which call depends on the knobs: gpu/serve_calls.py says).
-python3 - "$C" "$S" "$CALL_MB" "${PARTS[@]}" <<'PY'
-import shutil, sys
-from pathlib import Path
-c, s, limit = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]) * 1024 * 1024
-calls: list[int] = []
-order = sys.argv[4:]
-for part in order:
-    for f in sorted(s.glob(part + ".tar.xz.*")):
-        size = f.stat().st_size
-        i = next((i for i, used in enumerate(calls) if used + size <= limit), None)
-        if i is None:
-            calls.append(0)
-            i = len(calls) - 1
-        calls[i] += size
-        (c / f"call{i + 1}").mkdir(exist_ok=True)
-        shutil.move(str(f), c / f"call{i + 1}" / f.name)
-PY
+python3 gpu/serve_calls.py pack "$S" "$C" "$CALL_MB" "${PARTS[@]}"  # its first_fit
 for d in "$C"/call[0-9]*; do cp "$C/MANIFEST" "$d/"; done  # every call carries the manifest with its slices
 for d in "$C"/call[0-9]*; do echo "$d $(du -sm "$d" | cut -f1) MiB: $(ls "$d" | tr '\n' ' ')"; done | sort -V | tee "$C/calls.txt"
 cut -d' ' -f1,2,4 "$C/MANIFEST"

@@ -6,10 +6,14 @@ gpu/.carry/serve/MANIFEST (each part's slice count), and gives every phase the f
 it needs are unpacked on the machine.
 
   python3 gpu/serve_calls.py [--dir gpu/.carry/serve] [--phases issue35 | bug,native,...] [--json]
-        print the call list: one `run` per call folder (carry = that folder; the command runs the next phase whose
-        parts are complete by then, else `unpack`), then one call with no carry for each phase left. Also checks
+        print the call list: one `run` per call folder that holds a slice of a part the phases need (carry = that
+        folder; the command runs the next phase whose parts are complete by then, else `unpack`), then one call with
+        no carry for each phase left; the folders no phase needs stay behind (named on a last line). Also checks
         that every call fits the device tool's 64 MiB with the working tree beside it (exit 1 if one does not).
         --phases takes a named list of RERUNS (issue35, the default; issue35_all; issue24) or phase names.
+  python3 gpu/serve_calls.py pack SLICES CARRY CALL_MB PART...
+        gpu/prepare_serve.sh's packing: moves the slices of SLICES (PART.tar.xz.NN) into CARRY/call1..N, first fit
+        over the folders opened so far, the parts in the order given, at most CALL_MB MiB a folder.
   python3 gpu/serve_calls.py needs PHASE
         the parts PHASE needs, one per line (gpu/serve_run.sh refuses a phase whose parts are not unpacked yet);
         exit 2 for a phase gpu/serve_run.sh does not have.
@@ -69,7 +73,7 @@ PHASES: dict[str, tuple[tuple[str, ...], str]] = {
     "image026": (SET_026, "tiny Qwen-Image served on 0.26.0 + vllm-omni 0.26.0: native, then vllm_compat (bytes "
                           "compared)"),
 }
-# Named phase lists, in order: a rerun of a section of gpu/results.md. issue35 is what "Pending GPU runs (issue 35)"
+# Named phase lists, in order: a rerun of a section of gpu/results.md. issue35 is what "GPU runs of issue 35"
 # asks for (parts 1-3, and llm026_async: the scheduler class vllm-omni 0.26.0's own pipelines get on CUDA), each
 # riding a carry call of the default build; issue35_all adds the two runs that bound its claims further; issue24
 # reruns "Served Qwen-Image" and "LLM stage".
@@ -130,18 +134,24 @@ def phase_list(value: str) -> tuple[str, ...]:
 
 def plan(calls: list[dict], manifest: dict[str, int], phases: tuple[str, ...] = DEFAULT_PHASES,
          env: dict[str, str] | None = None) -> list[dict]:
-    """The device calls: one per call folder, then one with no carry for each phase not yet run.
+    """The device calls: one per call folder that holds a slice of a part some phase needs, then one with no carry
+    for each phase not yet run.
 
     A phase runs in the first call after which every part it needs has all its slices on the machine (the parts
-    unpack at the start of that call, before its phase), and phases keep their order: one phase a call.
+    unpack at the start of that call, before its phase), and phases keep their order: one phase a call. A folder
+    holding only parts no phase needs is left behind (``left_behind``): the 0.26.0 phases alone on the default
+    build carry call1-call3 and none of the 0.25.1 / 0.24.0 folders after them (2026-12-06 the plan still ended
+    in a seventh call, `unpack` with fa3_024, which the how-to left out).
     """
     for p in phases:
         if p not in PHASES or p == "unpack":
             raise ValueError(f"unknown phase {p!r}; gpu/serve_run.sh has {', '.join(PHASES)}")
+    needed = {part for p in phases for part in needs(p, env)}
     have: dict[str, int] = {}
     todo = list(phases)
     out = []
-    for i, call in enumerate(calls, 1):
+    for call in (c for c in calls if not left_behind([c], needed)):
+        i = len(out) + 1
         for f in call["files"]:
             part = slice_part(f)
             if part is not None:
@@ -161,6 +171,39 @@ def plan(calls: list[dict], manifest: dict[str, int], phases: tuple[str, ...] = 
                              f"(incomplete after every call: {', '.join(missing_parts) or 'none'})")
         out.append({"call": len(out) + 1, "carry": [], "carry_mib": 0.0, "phase": phase, "complete": sorted(complete)})
     return out
+
+
+def left_behind(calls: list[dict], needed: set[str]) -> list[str]:
+    """The folders of ``calls`` that hold no slice of a part in ``needed``: no call carries them."""
+    return [c["folder"] for c in calls if not {slice_part(f) for f in c["files"]} & needed]
+
+
+def first_fit(slices: list[tuple[str, int]], limit: int) -> list[list[str]]:
+    """gpu/prepare_serve.sh's packing: each slice (name, bytes), in the order given, into the first folder opened so
+    far with room for it (at most ``limit`` bytes a folder), else a new one. Returns the folders' slice names."""
+    used: list[int] = []
+    folders: list[list[str]] = []
+    for name, size in slices:
+        i = next((i for i, u in enumerate(used) if u + size <= limit), None)
+        if i is None:
+            used.append(0)
+            folders.append([])
+            i = len(used) - 1
+        used[i] += size
+        folders[i].append(name)
+    return folders
+
+
+def pack(slices_dir: Path, carry: Path, call_mb: int, parts: list[str]) -> list[list[str]]:
+    """Moves the slices of ``slices_dir`` (PART.tar.xz.NN, ``parts`` in carry order) into ``carry``/call1..N by
+    :func:`first_fit`, ``call_mb`` MiB a folder at most. Returns the folders' slice names."""
+    slices = [(f.name, f.stat().st_size) for part in parts for f in sorted(slices_dir.glob(part + ".tar.xz.*"))]
+    folders = first_fit(slices, call_mb * MIB)
+    for i, names in enumerate(folders, 1):
+        (carry / f"call{i}").mkdir(parents=True, exist_ok=True)
+        for name in names:
+            (slices_dir / name).rename(carry / f"call{i}" / name)
+    return folders
 
 
 def tree_bytes(root: Path = ROOT) -> int | None:
@@ -199,6 +242,13 @@ def main(argv: list[str] | None = None) -> int:
                          "phase names, comma-separated, in order")
     ap.add_argument("--margin-mib", type=float, default=float(os.environ.get("MARGIN_MB", DEFAULT_MARGIN_MIB)))
     ap.add_argument("--json", action="store_true")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pack"]:
+        if len(argv) < 5:
+            print("usage: serve_calls.py pack SLICES CARRY CALL_MB PART...", file=sys.stderr)
+            return 2
+        pack(Path(argv[1]), Path(argv[2]), int(argv[3]), argv[4:])
+        return 0
     args = ap.parse_args(argv)
     if args.what == "phases":
         for name, (parts, what) in PHASES.items():
@@ -217,11 +267,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serve_calls: no {d}/calls.txt or MANIFEST: run `bash gpu/prepare_serve.sh` first", file=sys.stderr)
         return 1
     calls = read_calls(d / "calls.txt")
+    phases = phase_list(args.phases)
     try:
-        rows = plan(calls, read_manifest(d / "MANIFEST"), phase_list(args.phases))
+        rows = plan(calls, read_manifest(d / "MANIFEST"), phases)
     except ValueError as e:
         print(f"serve_calls: {e}", file=sys.stderr)
         return 1
+    behind = left_behind(calls, {part for p in phases for part in needs(p)})
+    calls = [c for c in calls if c["folder"] not in behind]
     tree = tree_bytes()
     tree_mib = None if tree is None else tree / MIB
     worst = None
@@ -233,9 +286,10 @@ def main(argv: list[str] | None = None) -> int:
             r["left_mib"] = round(CALL_LIMIT_MIB - r["total_mib"], 2)
             worst = r["left_mib"] if worst is None else min(worst, r["left_mib"])
     if args.json:
-        print(json.dumps({"tree_mib": tree_mib and round(tree_mib, 2), "calls": rows}, indent=1))
+        print(json.dumps({"tree_mib": tree_mib and round(tree_mib, 2), "calls": rows, "left_behind": behind},
+                         indent=1))
     else:
-        print(f"Device calls, kind nvidia-h200, back to back on one warm machine (from {d}/calls.txt and MANIFEST).")
+        print(f"Device calls, one GPU (`run` with no kind: an H100 or an H200), back to back on one warm machine (from {d}/calls.txt and MANIFEST).")
         if tree_mib is not None:
             print(f"Working tree that travels with each call: {tree_mib:.2f} MiB; a call may carry "
                   f"{CALL_LIMIT_MIB:.0f} MiB in all.")
@@ -244,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             size = f"{r['carry_mib']:6.2f} MiB" + (f", {r['left_mib']:5.2f} left" if "left_mib" in r else "")
             cmd = f"`bash gpu/serve_run.sh {r['phase']}`"
             print(f"  call {r['call']}: carry {carry:28} command {cmd:38} ({size})")
+        if behind:
+            print(f"Not carried (no part these phases need): {' '.join(Path(f).name for f in behind)}")
     if worst is not None and worst < args.margin_mib:
         print(f"serve_calls: a call leaves {worst:.2f} MiB of the {CALL_LIMIT_MIB:.0f} MiB, under the "
               f"{args.margin_mib} MiB margin: re-slice smaller (REUSE_PARTS=1 CALL_MB=... bash gpu/prepare_serve.sh)",

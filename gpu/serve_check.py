@@ -1,6 +1,6 @@
 """`vllm serve <tiny Qwen-Image> --omni` and the offline `Omni` API on the GPU machine (issue 24 item 4, issue 35).
 
-Subcommands, run by the device calls in gpu/results.md ("Served Qwen-Image", "Pending GPU runs (issue 35)"):
+Subcommands, run by the device calls in gpu/results.md ("Served Qwen-Image", "GPU runs of issue 35"):
 
   write-model DIR     write a tiny but complete Qwen-Image pipeline in the diffusers layout, offline, from a fixed
                       seed: vllm-omni's QwenImagePipeline loads every component of it (scheduler config, a

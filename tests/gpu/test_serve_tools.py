@@ -360,3 +360,62 @@ def test_stage_configs_parse_with_the_installed_vllm_omnis_loader(tmp_path, stag
     assert args["async_scheduling"] is None  # vLLM's default: on, resolved on the GPU
     if Version(_omni_version()) >= Version("0.26"):  # its engine reads the file as a deploy config too
         assert rec["deploy_reads"] == {"pipeline_config": None, "deploy_config": "DeployConfig"}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The how-to's call table (gpu/results.md) is serve_calls' plan
+# ------------------------------------------------------------------------------------------------------------------
+
+# The parts of the build carried 2026-12-06 (after the pack_py fix): part, slices, sha256, bytes.
+RECORDED_MANIFEST = RESULTS / "serve_build" / "MANIFEST"
+ALONE_026 = ("llm026", "llm026_async", "image026", "omni026")
+
+
+def _default_build() -> tuple[list[dict], dict[str, int]]:
+    """The call folders a default `bash gpu/prepare_serve.sh` makes (its SERVE_SETS, SLICE_MB and CALL_MB defaults,
+    read from the script) of parts the sizes of RECORDED_MANIFEST's, packed by serve_calls.first_fit, which the
+    script runs (`serve_calls.py pack`)."""
+    prep = (ROOT / "gpu" / "prepare_serve.sh").read_text()
+    slice_b = int(re.search(r"^SLICE_MB=\$\{SLICE_MB:-(\d+)\}", prep, re.M).group(1)) * serve_calls.MIB
+    call_mb = int(re.search(r"^CALL_MB=\$\{CALL_MB:-(\d+)\}", prep, re.M).group(1))
+    assert 'serve_calls.py pack "$S" "$C" "$CALL_MB" "${PARTS[@]}"' in prep
+    size = {line.split()[0]: int(line.split()[3]) for line in RECORDED_MANIFEST.read_text().splitlines()}
+    slices, manifest = [], {}
+    for part in _prepare_parts():
+        manifest[part] = -(-size[part] // slice_b)  # split -b: whole slices, the last one shorter
+        slices += [(f"{part}.tar.xz.{i:02d}", min(slice_b, size[part] - i * slice_b)) for i in range(manifest[part])]
+    folders = serve_calls.first_fit(slices, call_mb * serve_calls.MIB)
+    calls = [{"folder": f"gpu/.carry/serve/call{i}", "mib": sum(dict(slices)[n] for n in names) / serve_calls.MIB,
+              "files": names} for i, names in enumerate(folders, 1)]
+    return calls, manifest
+
+
+def _how_to_table() -> dict[str, list[tuple[str | None, str]]]:
+    """gpu/results.md's call table (issue 35's how-to, step 2): per column, [(carried folder or None, phase)]."""
+    text = (ROOT / "gpu" / "results.md").read_text()
+    head = text.index("| call | `--phases issue35`: carry, command | the 0.26.0 phases alone")
+    rows = [line.strip() for line in text[head:].splitlines()[2:]]
+    stop = next((i for i, line in enumerate(rows) if not re.match(r"\| \d+ \|", line)), len(rows))
+    cols: dict[str, list[tuple[str | None, str]]] = {"issue35": [], "alone": []}
+    for line in rows[:stop]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        for key, cell in zip(("issue35", "alone"), cells[1:3], strict=True):
+            ticks = re.findall(r"`([^`]+)`", cell)
+            if ticks:
+                cols[key].append((ticks[0] if ticks[0].startswith("call") else None, ticks[-1]))
+    return cols
+
+
+def test_how_to_call_table_is_serve_calls_plan():
+    """The how-to's calls, for issue 35 and for its 0.26.0 phases alone, are the plan serve_calls prints for a
+    default build: the folders it carries, in order, and the phase each call runs (2026-12-06 the plan for the
+    0.26.0 phases alone ended in a seventh call, `unpack` carrying fa3_024, which the how-to left out)."""
+    calls, manifest = _default_build()
+    table = _how_to_table()
+    for key, phases in (("issue35", serve_calls.RERUNS["issue35"]), ("alone", ALONE_026)):
+        rows = serve_calls.plan(calls, manifest, phases)
+        assert [(Path(r["carry"][0]).name if r["carry"] else None, r["phase"]) for r in rows] == table[key], key
+    # The 0.26.0 phases alone carry only folders with 0.26.0 parts, and none after the last such folder.
+    behind = serve_calls.left_behind(calls, set(serve_calls.SET_026))
+    carried = [c for c in calls if c["folder"] not in behind]
+    assert behind and all(int(b.rsplit("call", 1)[1]) > int(carried[-1]["folder"].rsplit("call", 1)[1]) for b in behind)
