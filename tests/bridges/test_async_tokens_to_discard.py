@@ -76,6 +76,8 @@ def _tokens(env=None) -> list[int]:
 @needs_v1_model_runner
 @pytest.mark.skipif(SESSIONS_LEFT_OUT, reason="vLLM 0.33+: a streaming session never takes its next chunk "
                     "(streaming_input_sessions, left out)")
+@pytest.mark.skipif(OMNI_VERSION != "0.24.0", reason=f"the native tokens were measured with vllm-omni 0.24.0's "
+                    f"scheduler; this env has {OMNI_VERSION}")
 def test_the_finished_turns_in_flight_token_is_dropped_as_natively():
     if POINT.decide(STATIC, Controls()).action == Action.PATCHED:  # vLLM 0.27+: the token leaks into the next turn
         unpatched = _tokens({"VLLM_COMPAT_DISABLE_PATCHES": POINT.id})
