@@ -169,6 +169,7 @@ torch.cuda.Event = torch.Event = Event
 torch.cuda.current_stream = lambda *args, **kwargs: None
 torch.cuda.stream = lambda stream: contextlib.nullcontext()
 
+from vllm.v1.sample.logits_processor import LogitsProcessors  # none built: vllm-omni 0.26+ reads the batch's
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm_omni.worker.gpu_ar_model_runner import ExecuteModelState, GPUARModelRunner
 import vllm_compat
@@ -216,7 +217,7 @@ def runner(async_scheduling):
     # what vLLM's _bookkeeping_sync (and vllm-omni's _to_list over it) reads, as GPUModelRunner.__init__ sets it
     r.input_batch = SimpleNamespace(
         req_ids=["r1", "r2"], req_id_to_index={"r1": 0, "r2": 1}, num_reqs=2, generators={}, vocab_size=10,
-        sampling_metadata=SimpleNamespace(no_penalties=True), num_tokens_no_spec=np.array([4, 5]),
+        sampling_metadata=SimpleNamespace(no_penalties=True, logitsprocs=LogitsProcessors()), num_tokens_no_spec=np.array([4, 5]),
         token_ids_cpu=np.zeros((2, 16), dtype=np.int64), is_token_ids=np.zeros((2, 16), dtype=bool),
         prev_sampled_token_ids=None, set_async_sampled_token_ids=lambda *args: None)
     r.discard_request_mask = SimpleNamespace(np=np.zeros(2, dtype=bool))

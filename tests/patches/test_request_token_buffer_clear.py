@@ -38,7 +38,7 @@ WORKER = Path(__file__).with_name("_scheduler_runner_worker.py")
 # generation scheduler and coordinator take what vLLM's engine hands them. Prints one JSON line: per call, the
 # request's state afterwards or the exception.
 SCRIPT = r"""
-import json, runpy, sys
+import inspect, json, runpy, sys
 import vllm_omni  # noqa: F401 - puts OmniRequest in place of vLLM's Request, as in every vllm-omni engine
 from vllm.sampling_params import SamplingParams
 from vllm.v1.request import Request, RequestStatus
@@ -79,7 +79,10 @@ session.num_computed_tokens = 4
 session.status = RequestStatus.WAITING_FOR_STREAMING_REQ
 scheduler.num_waiting_for_streaming_input += 1
 out["session"] = attempt(lambda: scheduler.add_request(request("s", [40, 41, 42], resumable=True)), session)
-coordinator = OmniSchedulingCoordinator(scheduler_max_num_seqs=4, stage_id=1)
+# vllm-omni 0.26.0's coordinator takes no scheduler_max_num_seqs
+taken = inspect.signature(OmniSchedulingCoordinator).parameters
+coordinator = OmniSchedulingCoordinator(**{k: v for k, v in dict(scheduler_max_num_seqs=4, stage_id=1).items()
+                                            if k in taken})
 resized = request("r", [9], outputs=())
 out["resized"] = attempt(lambda: coordinator.update_request_metadata(
     {"r": resized}, {"r": {"next_stage_prompt_len": 5}}, model_mode="ar"), resized)
