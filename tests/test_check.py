@@ -326,3 +326,44 @@ def test_usage_errors_exit_2_before_any_download(capsys, monkeypatch, args, mess
     monkeypatch.setattr(wheels, "pip_command", lambda: pytest.fail("a usage error must not reach pip"))
     assert main(["check", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ --constraints: the nearest set
+
+
+def _recorded_set(home: Path, cell_id: str, vllm: str, omni: str, torch: str = "cpu") -> None:
+    (home / f"{cell_id}.txt").write_text(f"# cell: {cell_id} (vllm=={vllm} vllm-omni=={omni})\n# torch: {torch}\n"
+                                         f"# passed: 2026-12-05\nvllm=={vllm}\nvllm-omni=={omni}\n")
+
+
+def test_the_nearest_recorded_pair_is_the_same_vllm_omni_on_the_nearest_vllm(tmp_path):
+    from vllm_compat.tested_sets import nearest
+
+    _recorded_set(tmp_path, "v0.24-omni0.24", "0.24.0", "0.24.0")
+    _recorded_set(tmp_path, "v0.31-omni0.24", "0.31.0", "0.24.0")
+    _recorded_set(tmp_path, "v0.33-omni0.30", "0.33.0", "0.30.0")
+    _recorded_set(tmp_path, "v0.33-omni0.30-serve", "0.33.0", "0.30.0", torch="pinned")
+    (tmp_path / "v0.33.txt").write_text("# cell: v0.33 (vllm==0.33.0)\n# torch: cpu\n# passed: 2026-12-05\nvllm==0.33.0\n")
+    assert nearest("0.34.0", "0.24.0", tmp_path).cell == "v0.31-omni0.24"
+    assert nearest("0.25.1", "0.24.0", tmp_path).cell == "v0.24-omni0.24"
+    assert nearest("0.34.0", "0.30.0", tmp_path).cell == "v0.33-omni0.30-serve"  # pinned torch first
+    assert nearest("0.33.0", "0.28.0", tmp_path).cell == "v0.33-omni0.30-serve"  # one vllm-omni minor off beats 4
+    assert nearest("0.33.0", "0.26.0", tmp_path).cell == "v0.31-omni0.24"  # as near in vllm-omni: the nearer vLLM
+    assert nearest("0.34.0", "0.24.0", tmp_path / "none") is None
+
+
+def test_constraints_for_a_pair_without_a_set_name_the_nearest_pair_that_has_one(capsys, tmp_path, monkeypatch):
+    """Issue 39: ``--constraints`` exited 2 "not recorded" for 0.33.0 + 0.30.0 and 0.34.0 + 0.24.0 with nothing to
+    go on. Still exit 2 and nothing written, and the message names the nearest pair with a set and its command."""
+    from vllm_compat import tested_sets
+
+    vllm, omni = wheel_or_skip("vllm", "0.31.0"), wheel_or_skip("vllm-omni", "0.24.0")
+    monkeypatch.setattr(tested_sets, "HOME", tmp_path / "sets")
+    (tmp_path / "sets").mkdir()
+    _recorded_set(tmp_path / "sets", "v0.30-omni0.24", "0.30.0", "0.24.0")
+    target = tmp_path / "constraints.txt"
+    assert main(["check", str(vllm), str(omni), "--constraints", str(target)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert not target.exists()
+    assert ("the nearest pair with a recorded set: vllm==0.30.0 vllm-omni==0.24.0 (cell v0.30-omni0.24, cpu torch, "
+            "passed 2026-12-05): vllm-compat check vllm==0.30.0 vllm-omni==0.24.0 --constraints FILE") in err

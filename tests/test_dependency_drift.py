@@ -214,18 +214,24 @@ def test_cell_overrides_are_the_newest_release_in_vllms_range(cell, cache):
 
 
 def render_tested_overrides(cells: list[dict]) -> str:
-    """The text of vllm_compat/tested_overrides.py for these cells."""
+    """The text of vllm_compat/tested_overrides.py for these cells: every cell's lines, and the reason each
+    ``breakage_overrides`` / ``index_overrides`` line carries (the first cell's of the pair, in the file's order)."""
     pairs: dict = {}
+    reasons: dict = {}
     for cell in cells:
         lines = (*cell.get("overrides", ()), *(o["line"] for key in ("breakage_overrides", "index_overrides")
                                                for o in cell.get(key, ())))
         if cell.get("vllm_omni") and lines:
             key = ("vllm", cell["vllm"], "vllm-omni", cell["vllm_omni"])
             pairs.setdefault(key, {})[cell["id"]] = lines
+            for entry in (o for name in ("breakage_overrides", "index_overrides") for o in cell.get(name, ())):
+                reasons.setdefault(key, {}).setdefault(entry["line"], entry["reason"])
     module = (ROOT / "vllm_compat" / "tested_overrides.py").read_text()
     head = module[:module.index("TESTED_OVERRIDES")]
     body = "".join(f"    {key!r}: {value!r},\n" for key, value in sorted(pairs.items()))
-    return head + "TESTED_OVERRIDES: dict[tuple[str, str, str, str], dict[str, tuple[str, ...]]] = {\n" + body + "}\n"
+    why = "".join(f"    {key!r}: {value!r},\n" for key, value in sorted(reasons.items()))
+    return (head + "TESTED_OVERRIDES: dict[tuple[str, str, str, str], dict[str, tuple[str, ...]]] = {\n" + body
+            + "}\n\nTESTED_REASONS: dict[tuple[str, str, str, str], dict[str, str]] = {\n" + why + "}\n")
 
 
 def test_tested_overrides_are_generated_from_the_matrix():
@@ -258,10 +264,11 @@ def test_check_names_the_conflict_and_writes_the_override_file(capsys, cache, tm
     main(["check", "--verbose", "vllm==0.34.0", "vllm-omni==0.24.0"])
     screen = capsys.readouterr().out
     assert screen.count("  dependencies: ") == 1 and screen.index("dependencies: ") < screen.index("verdict: ")
+    flat = " ".join(screen.split())  # --verbose wraps at 100 columns
     assert ("huggingface-hub: vllm 0.34.0 needs >=2.0.0; diffusers 0.38.0 (pinned by vllm-omni 0.24.0) needs "
-            "<2.0,>=0.34.0") in screen
+            "<2.0,>=0.34.0") in flat
     assert ("-> override: huggingface-hub==2.4.0 (vllm's range wins; tested by matrix cell "
-            f"{', '.join(HUB_CELLS)})") in screen
+            f"{', '.join(HUB_CELLS)})") in flat
 
 
 @pytest.mark.skipif(VLLM_VERSION is None or OMNI_VERSION is None, reason="needs vLLM and vllm-omni installed")

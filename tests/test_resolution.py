@@ -23,9 +23,11 @@ import ctypes.util
 import io
 import json
 import shutil
+import subprocess
 import sys
 import urllib.request
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -47,6 +49,21 @@ def _pypi_unreachable() -> str | None:
 
 
 UNREACHABLE = _pypi_unreachable()
+
+
+def overrides_file(path) -> tuple[list[str], dict[str, list[str]]]:
+    """(the header comments, ``{line: [its comment lines]}``) of a file ``check --overrides`` wrote, comments
+    without their "# "; the header is the first two comments (the pair; verified or not, and why)."""
+    comments = [text[2:] for text in path.read_text().splitlines()[:2]]
+    assert all(path.read_text().splitlines()[i].startswith("# ") for i in range(2)), path.read_text()
+    found: dict[str, list[str]] = {}
+    pending: list[str] = []
+    for text in path.read_text().splitlines()[2:]:
+        if text.startswith("# "):
+            pending.append(text[2:])
+        elif text.strip():
+            found[text.strip()], pending = pending, []
+    return comments, found
 
 
 def network(test):
@@ -165,10 +182,12 @@ def test_check_names_and_writes_the_clash_override(tmp_path, capsys, resolving):
     assert said.startswith("dependencies: no conflict; uv resolves ")
     assert "packages, 1 file clash -> override cuda-python==13.4.4" in said
     assert "install: uv pip install vllm==0.33.0 vllm-omni==0.24.0 --override overrides.txt" in screen
-    written = target.read_text().splitlines()
-    assert written[-1] == "cuda-python==13.4.4"
-    assert written[-3].startswith("# file clash: cuda-bindings ") and "cuda-python 12." in written[-3]
-    assert written[-2].startswith("# known_clashes: the monolithic cuda-python 12.x wheel")
+    header, written = overrides_file(target)
+    assert list(written) == ["cuda-python==13.4.4"] and header[1].startswith("verified: uv resolved the pair")
+    (clash, row, cell) = written["cuda-python==13.4.4"]
+    assert clash.startswith("file clash: cuda-bindings ") and "cuda-python 12." in clash
+    assert row.startswith("known_clashes: the monolithic cuda-python 12.x wheel")
+    assert cell.startswith("matrix: vLLM's pinned CUDA torch")  # the serve cell's own reason for the line
     # the verdict and exit code are those of the check without the resolution (the conflicts' rule)
     code_without = main(["check", "--no-resolve", "vllm==0.33.0", "vllm-omni==0.24.0", "--overrides",
                          str(tmp_path / "plain.txt")])
@@ -212,7 +231,8 @@ def test_a_missing_pin_takes_the_line_a_cell_installs_instead_and_the_pair_then_
     """vLLM 0.34.0 + vllm-omni 0.30.0 (the matrix's conflict overrides): the index lacks flashinfer-python 0.7.3;
     the cells of the pair install 0.7.4 (index_overrides); with it the pair resolves, and what it resolves to is
     listed and judged like any resolution."""
-    tested = {"flashinfer-python==0.7.4": ("v0.34-omni0.30",), "huggingface-hub==2.4.0": ("v0.34-omni0.30",)}
+    tested = {"flashinfer-python==0.7.4": ("v0.34-omni0.30",), "huggingface-hub==2.4.0": ("v0.34-omni0.30",),
+              "cuda-python==13.4.4": ("v0.34-omni0.30-serve",)}
     resolution = resolve_pair(["vllm==0.34.0", "vllm-omni==0.30.0"], ["huggingface-hub==2.4.0",
                                                                        "transformers==5.22.2"], tested=tested)
     if resolution.first.compiled.status == "resolved":
@@ -220,7 +240,10 @@ def test_a_missing_pin_takes_the_line_a_cell_installs_instead_and_the_pair_then_
     assert resolution.override_lines[0] == "flashinfer-python==0.7.4"
     assert resolution.fix is not None and resolution.fix.compiled.version_of("flashinfer-python") == "0.7.4"
     assert resolution.fix.listed > 200 and resolution.fix_ok() is True, resolution.fix_text()
-    assert resolution.short_text().startswith("uv: flashinfer-python==0.7.3 not on the index -> overrides "
+    # the round with flashinfer-python==0.7.4 showed the cuda-python / cuda-bindings clash on 2026-12-06: its line
+    # is the round after's, and both are said (each line of every round, issue 39)
+    clash = ", 1 file clash" if "cuda-python==13.4.4" in resolution.override_lines else ""
+    assert resolution.short_text().startswith(f"uv: flashinfer-python==0.7.3 not on the index{clash} -> overrides "
                                               "flashinfer-python==0.7.4")
     assert resolution.short_text().endswith("(tested)")
     assert "flashinfer-python==0.7.4: tested by matrix cell v0.34-omni0.30" in "\n".join(resolution.render_lines())
@@ -264,4 +287,262 @@ def test_an_unknown_clash_is_said_on_the_dependencies_line_and_writes_no_overrid
     verbose = "\n".join(drift.render_lines())
     assert "-> UNKNOWN clash: which bytes run depends on install order" in verbose
     target = tmp_path / "overrides.txt"
-    assert write_overrides(target, drift) == 0 and len(target.read_text().splitlines()) == 1  # the header only
+    assert write_overrides(target, drift) == 0
+    header, written = overrides_file(target)  # the header only, saying the install is not verified
+    assert written == {} and header[1] == "UNVERIFIED: a file clash is left: alpha 1.0 / beta-pkg 2.0 (unknown)"
+
+
+# ------------------------------------------------------------------- the overrides file: every line, each with why
+
+# vLLM 0.34.0 + vllm-omni 0.24.0 as uv resolved it on 2026-12-06 (issue 39): with huggingface-hub==2.4.0 alone,
+# no solution (flashinfer-python==0.7.3 not on the index); with flashinfer-python==0.7.4 too, cuda-python
+# 12.6.2.post1 beside cuda-bindings 13.5.0 (28 shared files); with cuda-python==13.4.4 too, no clash.
+HUB, FLASHINFER, CUDA = "huggingface-hub==2.4.0", "flashinfer-python==0.7.4", "cuda-python==13.4.4"
+PAIR_034_024 = ["vllm==0.34.0", "vllm-omni==0.24.0"]
+
+
+def _rounds_of_034_024(last_status: str = "resolved"):
+    """``resolution.resolve_and_list`` answering as uv and the listings did for the pair, by override lines."""
+    from vllm_compat.detect.file_owners import Distribution, find_listing_clashes
+    from vllm_compat.resolution import Compiled, Resolved, judge
+
+    shared = {f"cuda/bindings/runtime{i}.so": i for i in range(28)}
+    clashes = find_listing_clashes([
+        (Distribution("cuda-python", "12.6.2.post1", "cuda_python-12.6.2.post1-cp311-cp311-manylinux.whl"), shared),
+        (Distribution("cuda-bindings", "13.5.0", "cuda_bindings-13.5.0-cp311-cp311-manylinux.whl"),
+         {path: crc + 1 for path, crc in shared.items()})])
+    seen = []
+
+    def resolve_and_list(requirements, overrides, directory=None, cache_only=None):
+        seen.append(list(overrides))
+        if FLASHINFER not in overrides:
+            return Resolved(Compiled("unresolvable", ["uv"], requirements, overrides, missing=[
+                "flashinfer-python==0.7.3"], reason="Because there is no version of flashinfer-python==0.7.3 ...",
+                date="2026-12-06"))
+        if CUDA not in overrides:
+            return Resolved(Compiled("resolved", ["uv"], requirements, overrides, date="2026-12-06"), listed=261,
+                            findings=[judge(c) for c in clashes])
+        if last_status != "resolved":
+            return Resolved(Compiled(last_status, ["uv"], requirements, overrides, reason="uv said no",
+                                     date="2026-12-06"))
+        return Resolved(Compiled("resolved", ["uv"], requirements, overrides, date="2026-12-06"), listed=261)
+
+    return resolve_and_list, seen
+
+
+def _drift_034_024(resolution):
+    from vllm_compat.dependency_drift import Conflict, DependencyDrift, Want, tested_reasons
+
+    hub = Conflict("huggingface-hub", Want("vllm 0.34.0", ">=2.0.0"),
+                   (Want("diffusers 0.38.0 (pinned by vllm-omni 0.24.0)", "<2.0,>=0.34.0"),), override=HUB,
+                   override_range=">=2.0.0", source="tested", proven_by=("v0.34-omni0.24",))
+    return DependencyDrift(("vllm", "0.34.0"), ("vllm-omni", "0.24.0"), conflicts=[hub], resolution=resolution,
+                           for_install=True, cell_reasons=tested_reasons(("vllm", "0.34.0"), ("vllm-omni", "0.24.0")))
+
+
+def test_the_overrides_file_holds_every_line_the_verifying_resolution_used(tmp_path, monkeypatch):
+    """The file ``check --overrides`` wrote for vLLM 0.34.0 + vllm-omni 0.24.0 held huggingface-hub and flashinfer
+    but not cuda-python==13.4.4, the line of the middle round, although the last round was resolved with it; an
+    env installed from it got both cuda wheels (25 files differing) and its serving CLI died at import."""
+    from vllm_compat import resolution as resolution_module
+    from vllm_compat.dependency_drift import write_overrides
+    from vllm_compat.reporting import _dependency_lines
+
+    fake, seen = _rounds_of_034_024()
+    monkeypatch.setattr(resolution_module, "resolve_and_list", fake)
+    resolution = resolve_pair(PAIR_034_024, [HUB], tested={HUB: ("v0.34-omni0.24",),
+                                                          FLASHINFER: ("v0.34-omni0.24-serve",),
+                                                          CUDA: ("v0.34-omni0.24-serve",)})
+    assert seen == [[HUB], [HUB, FLASHINFER], [HUB, FLASHINFER, CUDA]]  # three rounds, as uv needed them
+    drift = _drift_034_024(resolution)
+    target = tmp_path / "overrides.txt"
+    assert write_overrides(target, drift) == 3
+    header, written = overrides_file(target)
+    assert list(written) == [HUB, FLASHINFER, CUDA] == resolution.last.compiled.overrides
+    assert header[1].startswith("verified: uv resolved the pair with these lines (2026-12-06)")
+    assert written[HUB][0].startswith("huggingface-hub: vllm 0.34.0 needs >=2.0.0")
+    assert written[FLASHINFER][0].startswith("not on the index: flashinfer-python==0.7.3")
+    assert written[FLASHINFER][1].startswith("matrix: vLLM 0.34.0 pins flashinfer-python==0.7.3")
+    assert written[CUDA][0].startswith("file clash: cuda-bindings 13.5.0 and cuda-python 12.6.2.post1")
+    assert written[CUDA][1].startswith("known_clashes: the monolithic cuda-python 12.x wheel")
+    assert written[CUDA][2].startswith("matrix: vLLM's pinned CUDA torch")
+    said = " ".join(" ".join(_dependency_lines(drift, 100)).split())
+    assert "flashinfer-python==0.7.3 not on the index, 1 file clash -> overrides flashinfer-python==0.7.4, " \
+           "cuda-python==13.4.4 (tested)" in said
+    assert "install: uv pip install vllm==0.34.0 vllm-omni==0.24.0 --override overrides.txt" in said
+    data = drift.to_dict()["install"]
+    assert data["overrides"] == [HUB, FLASHINFER, CUDA] and data["verified"] is True
+    assert [line["kind"] for line in data["lines"]] == ["conflict", "missing pin", "file clash"]
+
+
+def test_an_install_that_does_not_resolve_is_said_unverified_and_so_is_its_file(tmp_path, monkeypatch):
+    from vllm_compat import resolution as resolution_module
+    from vllm_compat.dependency_drift import write_overrides
+    from vllm_compat.reporting import _dependency_lines
+
+    fake, _ = _rounds_of_034_024(last_status="unresolvable")
+    monkeypatch.setattr(resolution_module, "resolve_and_list", fake)
+    drift = _drift_034_024(resolve_pair(PAIR_034_024, [HUB], tested={FLASHINFER: ("v0.34-omni0.24",)}))
+    write_overrides(tmp_path / "o.txt", drift)
+    header, written = overrides_file(tmp_path / "o.txt")
+    assert header[1].startswith("UNVERIFIED: uv finds no solution") and list(written) == [HUB, FLASHINFER, CUDA]
+    said = " ".join(" ".join(_dependency_lines(drift, 100)).split())
+    assert "install, UNVERIFIED (uv finds no solution): uv pip install vllm==0.34.0 vllm-omni==0.24.0 " \
+           "--override overrides.txt" in said
+
+
+def test_a_pair_never_resolved_says_its_install_is_unverified_and_names_no_file_without_lines():
+    """No resolution (--no-resolve, local wheels, no uv and nothing cached): the install line says UNVERIFIED;
+    ``--override overrides.txt`` only where there are lines to write."""
+    from vllm_compat.dependency_drift import DependencyDrift
+    from vllm_compat.reporting import _dependency_lines
+
+    drift = DependencyDrift(("vllm", "0.31.0"), ("vllm-omni", "0.24.0"), for_install=True,
+                            not_resolved="the resolution was turned off")
+    lines = _dependency_lines(drift, 100)
+    assert [line.strip() for line in lines] == [
+        "dependencies: no conflict", "install, UNVERIFIED (not resolved): uv pip install vllm==0.31.0 vllm-omni==0.24.0"]
+    unverified = _drift_034_024(None)
+    said = " ".join(" ".join(_dependency_lines(unverified, 100)).split())
+    assert "install, UNVERIFIED (not resolved): uv pip install vllm==0.34.0 vllm-omni==0.24.0 --override " \
+           "overrides.txt" in said
+    # the doctor's drift (an installed pair): no install line without lines, as before
+    doctor = DependencyDrift(("vllm", "0.31.0"), ("vllm-omni", "0.24.0"))
+    assert [line.strip() for line in _dependency_lines(doctor, 100)] == ["dependencies: no conflict"]
+
+
+# ------------------------------------------------------------------- offline: the answer of an earlier day
+
+def _unreachable_index(monkeypatch):
+    """Every request of uv and pip goes to a port nobody listens on: the index cannot be reached."""
+    for var in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    for var in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def _next_day(date: str) -> str:
+    from datetime import date as day, timedelta
+
+    return (day.fromisoformat(date) + timedelta(days=1)).isoformat()
+
+
+@network
+def test_offline_the_newest_earlier_answer_is_given_with_its_day(tmp_path, monkeypatch):
+    from vllm_compat import resolution as resolution_module
+
+    online = compile_pair(["six==1.16.0"], [], tmp_path)
+    assert online.status == "resolved" and online.stale is None, online.reason
+    later = _next_day(online.date)  # a second day's answer: the newer of the two is the one given
+    monkeypatch.setattr(resolution_module, "_today", lambda: later)
+    assert compile_pair(["six==1.16.0"], [], tmp_path).date == later
+    monkeypatch.setattr(resolution_module, "_today", lambda: _next_day(later))
+    _unreachable_index(monkeypatch)
+    offline = compile_pair(["six==1.16.0"], [], tmp_path)
+    assert offline.status == "resolved" and offline.cached and offline.date == later
+    assert offline.packages == online.packages
+    assert offline.stale.startswith("the index could not be reached (Failed to fetch")
+    never = compile_pair(["six==1.15.0"], [], tmp_path)  # never resolved: uv's failure, nothing to fall back on
+    assert never.status == "failed" and never.stale is None and never.reason.startswith("the index could not")
+
+
+@network
+def test_offline_check_gives_the_answer_it_gave_online_and_says_from_when(tmp_path, capsys, monkeypatch, resolving):
+    """Issue 39: with the index unreachable, vLLM 0.34.0 + vllm-omni 0.24.0 lost its flashinfer line ("resolution
+    not checked") and still printed the install line with ``--override overrides.txt``, exit 0. Checked before, it
+    now gives the online answer from the cache with its day; never resolved (another index: another key), it says
+    UNVERIFIED and writes only what it knows."""
+    from tests.support.wheels import wheel_or_skip
+    from vllm_compat import resolution as resolution_module
+
+    wheel_or_skip("vllm", "0.34.0")
+    wheel_or_skip("vllm-omni", "0.24.0")
+    code = main(["check", "--json", *PAIR_034_024])
+    online = json.loads(capsys.readouterr().out)["dependency_drift"]
+    if not online["install"]["verified"]:
+        pytest.skip(f"the pair's install is not verified online today: {online['install']['text']}")
+    monkeypatch.setattr(resolution_module, "_today", lambda: _next_day(online["install"]["date"]))
+    _unreachable_index(monkeypatch)
+    target = tmp_path / "overrides.txt"
+    assert main(["check", *PAIR_034_024, "--overrides", str(target)]) == code
+    captured = capsys.readouterr()
+    said = " ".join(captured.out.split())
+    assert f"as resolved on {online['install']['date']} (from the cache" in said
+    assert "resolution not checked" not in said
+    assert "install: uv pip install vllm==0.34.0 vllm-omni==0.24.0 --override overrides.txt" in said
+    header, written = overrides_file(target)
+    assert list(written) == online["install"]["overrides"] and FLASHINFER in written and CUDA in written
+    assert header[1].startswith(f"verified: uv resolved the pair with these lines ({online['install']['date']}, "
+                                "from the cache: the index could not be reached")
+    # never resolved against this index: unverified, and only the conflicts' lines are written
+    monkeypatch.setenv("UV_INDEX_URL", "http://127.0.0.1:9/simple")
+    assert main(["check", *PAIR_034_024, "--overrides", str(target)]) == code
+    said = " ".join(capsys.readouterr().out.split())
+    assert "install, UNVERIFIED (not resolved): uv pip install vllm==0.34.0 vllm-omni==0.24.0" in said
+    header, written = overrides_file(target)
+    assert header[1].startswith("UNVERIFIED: the pair was not resolved (the index could not be reached")
+    assert list(written) == [HUB]
+
+
+# ------------------------------------------------------------------- installing from the file: no clash left
+
+def _compile_with(requirements: list[str], override: Path | None, work: Path) -> dict:
+    """``uv pip compile`` run here, not through vllm_compat: the pylock.toml of ``requirements`` with ``override``."""
+    tomllib = pytest.importorskip("tomllib", reason="reading pylock.toml needs Python >= 3.11")
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "requirements.in").write_text("\n".join(requirements) + "\n")
+    command = ["uv", "pip", "compile", "requirements.in", "--format", "pylock.toml", "-o", "pylock.toml",
+               "--python", sys.executable, "--no-header", "--no-progress", "--color", "never"]
+    if override is not None:
+        command += ["--override", str(override)]
+    result = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    return tomllib.loads((work / "pylock.toml").read_text())
+
+
+def _clashes(pylock: dict, cache: Path) -> list:
+    """The clashes of the wheels an installer picks for this interpreter, listed by range requests and compared
+    by the project's clash detector (``detect.file_owners.find_listing_clashes``)."""
+    from vllm_compat.detect.file_owners import Distribution, find_listing_clashes
+    from vllm_compat.detect.wheel_listing import list_wheels
+    from vllm_compat.resolution import _best_wheel, _canonical
+
+    wheels = [w for p in pylock["packages"] if (w := _best_wheel(_canonical(p["name"]), str(p["version"]),
+                                                                 p.get("wheels") or []))]
+    read = list_wheels(wheels, cache)
+    assert not read.errors, read.errors
+    return find_listing_clashes([(Distribution(i.wheel.name, i.wheel.version, i.wheel.filename), i.files)
+                                 for i in read.listings])
+
+
+@network
+def test_installing_034_024_from_the_written_file_leaves_no_clashing_files(tmp_path, capsys, resolving):
+    """Issue 39: an env built from the file check wrote for vLLM 0.34.0 + vllm-omni 0.24.0 (vLLM's pinned CUDA
+    torch) got cuda-bindings 13.5.0 beside cuda-python 12.6.2.post1. Resolved here from the file check writes now,
+    by uv directly: no two wheels install one file but the known harmless pairs; the same without the file's
+    cuda-python line shows the clash (the test can fail)."""
+    from tests.support.wheels import wheel_or_skip
+    from vllm_compat.known_clashes import known_clash
+    from vllm_compat.detect.wheels import cache_dir
+
+    wheel_or_skip("vllm", "0.34.0")
+    wheel_or_skip("vllm-omni", "0.24.0")
+    target = tmp_path / "overrides.txt"
+    main(["check", *PAIR_034_024, "--overrides", str(target)])
+    capsys.readouterr()
+    header, written = overrides_file(target)
+    assert header[1].startswith("verified"), header
+    pylock = _compile_with(PAIR_034_024, target, tmp_path / "with")
+    versions = {p["name"]: str(p["version"]) for p in pylock["packages"]}
+    assert versions.get("cuda-python") == "13.4.4" and versions.get("flashinfer-python") == "0.7.4"
+    left = [c for c in _clashes(pylock, cache_dir()) if not (known_clash(c) and known_clash(c).harmless)]
+    assert left == [], [c.describe() for c in left]
+    without = tmp_path / "without-cuda.txt"
+    without.write_text("".join(f"{line}\n" for line in written if not line.startswith("cuda-python")))
+    before = _compile_with(PAIR_034_024, without, tmp_path / "without")
+    old = {p["name"]: str(p["version"]) for p in before["packages"]}
+    if not old.get("cuda-python", "13").startswith("12."):
+        pytest.skip(f"today uv resolves cuda-python {old.get('cuda-python')} without the line: the clash the file "
+                    "prevents does not show today")
+    names = [{c.first.name, c.second.name} for c in _clashes(before, cache_dir())]
+    assert {"cuda-python", "cuda-bindings"} in names

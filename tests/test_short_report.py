@@ -1,6 +1,7 @@
 """The short screen of ``vllm-compat check`` and ``doctor`` (issue 34, parts 1 and 4): at most 25 lines and 100
-columns for every pair of matrix/vllm.toml, the verdict's first words and the exit code of ``--json``;
-``--verbose`` is the full report (every drift point with its reason, the verdict word for word).
+columns for every pair of matrix/vllm.toml, the verdict's first words and the exit code of ``--json``, one line for
+the loader decision (issue 39); ``--verbose`` is the full report (every drift point with its reason, the verdict
+word for word), wrapped at ``--width`` with nothing cut.
 
 The sweep reads every vLLM wheel of the matrix (0.24-0.34): it runs where tests/test_check.py's sweep does (outside
 nox, or in the first default nox cell). The doctor cases run on small vllm-omni-shaped trees, as
@@ -44,6 +45,24 @@ STATUS_TEXT = {"works": "starts natively", "works_with_vllm_compat": "starts wit
 def _run(capsys, *args) -> tuple[int, str]:
     code = main(list(args))
     return code, capsys.readouterr().out
+
+
+def _squash(text: str) -> str:
+    """``text`` without whitespace: what a wrapped screen says, wherever its lines break."""
+    return "".join(text.split())
+
+
+LOADER_ID = "diffusers_loader_meta_device"  # the loader decision's drift point (README's decision table)
+
+
+def _loader_line(lines: list[str], decision: dict) -> str:
+    """The screen's one loader line, checked against the loader's decision in ``--json``."""
+    (line,) = [line for line in lines if line.startswith("  loader: ")]
+    says = {"patched": f"{decision.get('variant')} patch", "skipped": "left alone", "pending": "pending",
+            "refused": "REFUSED, left unpatched", "disabled": "disabled"}[decision["action"]]
+    assert line.startswith(f"  loader: {says}: "), line
+    assert decision["reason"].startswith(line.split(": ", 2)[2].removesuffix("...")), line
+    return line
 
 
 def _first_words(verdict_text: str) -> str:
@@ -90,11 +109,13 @@ def test_every_matrix_pair_fits_one_screen_with_the_same_verdict(capsys, pair):
     assert f"acts on {len(acting)} of {len(data['patches'])}" in screen or not acting
     for override in data["dependency_drift"]["overrides"]:
         assert override in screen and f"uv pip install {spec[0]} {spec[1]} --override" in screen
-    # --verbose: the full report, every reason and the verdict word for word; same exit code
+    _loader_line(lines, next(p for p in data["patches"] if p["name"] == LOADER_ID))
+    # --verbose: the full report, every reason and the verdict word for word, wrapped; same exit code
     verbose_code, full = _run(capsys, "check", "--verbose", *spec)
     assert verbose_code == code
-    assert f"  verdict: {data['verdict']['text']}" in full
-    assert all(p["reason"] in full for p in data["patches"])
+    assert not [line for line in full.splitlines() if len(line) > MAX_COLUMNS]
+    assert _squash(f"  verdict: {data['verdict']['text']}") in _squash(full)
+    assert all(_squash(p["reason"]) in _squash(full) for p in data["patches"])
 
 
 def test_the_numbers_the_issue_quotes(capsys):
@@ -109,7 +130,12 @@ def test_the_numbers_the_issue_quotes(capsys):
     assert any(line.startswith("  vllm-omni's LLM / AR stages ") and "LEFT OUT: vllm.v1." in line for line in lines)
     assert screen.split("verdict: ", 1)[1].startswith("WORKS WITH vllm_compat, except vllm-omni's LLM / AR stages")
     assert "huggingface-hub==2.4.0 (tested)" in screen
-    assert "    install: uv pip install vllm==0.34.0 vllm-omni==0.24.0 --override overrides.txt" in lines
+    # vllm-omni 0.24.0's legacy loader on a vLLM whose quantization leaves params on meta (README)
+    assert any(line.startswith("  loader: meta_safe patch: legacy loader, and vLLM (uses_meta_device) can leave "
+                               "params on meta") for line in lines)
+    install = next(line for line in lines if line.startswith("    install"))  # verified or said not to be
+    assert "uv pip install vllm==0.34.0 vllm-omni==0.24.0 --override overrides.txt" in " ".join(
+        " ".join(lines[lines.index(install):]).split())
     assert "drift point  " not in screen and "still stops it" not in screen  # the verbose table's
     code, narrow = _run(capsys, "check", "--width", "72", "vllm==0.34.0", "vllm-omni==0.24.0")
     assert code == 0
@@ -192,9 +218,13 @@ def test_doctor_short_screen_names_refused_and_disabled_drift_points(tmp_path, d
     verdict = " ".join(line.strip() for line in lines[start:] if not line.strip().startswith("(--verbose"))
     assert verdict.startswith(f"verdict: {_first_words(data['verdict']['text'])}:")  # what is left out included
     code, full = doctor(report, "--verbose")
-    assert code == 1 and full == report.render_table() + "\n" and REFUSED.reason in full
+    assert code == 1 and full == report.render_table(MAX_COLUMNS) + "\n" and _squash(REFUSED.reason) in _squash(full)
+    assert not [line for line in full.splitlines() if len(line) > MAX_COLUMNS]
     code, narrow = doctor(report, "--width", "60")
     _assert_fits(narrow, 60)
+    code, narrow_full = doctor(report, "--verbose", "--width", "60")
+    assert not [line for line in narrow_full.splitlines() if len(line) > 60]
+    assert _squash(narrow_full) == _squash(report.render_table())  # wrapped, nothing cut
 
 
 def test_doctor_short_screen_on_a_pair_that_works(tmp_path, doctor):
@@ -206,3 +236,61 @@ def test_doctor_short_screen_on_a_pair_that_works(tmp_path, doctor):
     assert sum(line.endswith("  starts natively") for line in lines) == 3
     assert any(line.startswith("  verdict: WORKS NATIVELY: ") for line in lines)
     assert "refused" not in screen and "disabled" not in screen
+
+
+# ------------------------------------------------------------------------------------------- the loader line
+
+LEGACY = Decision(LOADER_ID, LOADER, "patched", "meta_safe", "legacy loader, and vLLM (uses_meta_device) can leave "
+                  "params on meta; module.to() would crash on them")
+GATED = Decision(LOADER_ID, LOADER, "skipped", None, "vllm-omni's loader already has the gated meta-safe fix")
+ABSENT = Decision(LOADER_ID, LOADER, "pending", None, "vllm-omni is not installed; patched when it is imported")
+
+
+@pytest.mark.parametrize(("decision", "expected"), [
+    (LEGACY, "  loader: meta_safe patch: legacy loader, and vLLM (uses_meta_device) can leave params on meta"),
+    (GATED, "  loader: left alone: vllm-omni's loader already has the gated meta-safe fix"),
+    (ABSENT, "  loader: pending: vllm-omni is not installed; patched when it is imported"),
+    (REFUSED, None),
+], ids=["legacy", "gated", "pending", "refused"])
+@pytest.mark.parametrize("width", [MAX_COLUMNS, 60])
+def test_the_loader_decision_has_one_line(tmp_path, doctor, decision, expected, width):
+    """The legacy loader gets meta_safe, a gated one is left alone: one line on the doctor's short screen, whatever
+    else acts, the reason shortened at its first ";" and then at a word to fit the width."""
+    code, screen = doctor(_doctor_report(tmp_path, patches=[decision, DISABLED]), "--width", str(width))
+    lines = _assert_fits(screen, width)
+    (line,) = [line for line in lines if line.startswith("  loader: ")]
+    expected = expected or f"  loader: REFUSED, left unpatched: {REFUSED.reason}"
+    clause = expected.split(";", 1)[0]
+    if len(expected) <= width:
+        assert line == expected
+    elif len(clause) <= width:
+        assert line == clause
+    else:  # cut at a word
+        assert line.endswith("...") and not line[:-3].endswith(" ") and clause.startswith(line[:-3])
+        assert clause[len(line) - 3] == " "
+    assert lines.index(line) < next(i for i, x in enumerate(lines) if x.startswith("  disabled: "))
+
+
+def test_check_names_the_loader_decision_of_the_real_wheels(capsys):
+    """vllm-omni 0.24.0 ships the legacy loader (patched with meta_safe on vLLM 0.31.0, whose quantization leaves
+    params on meta); 0.28.0 the gated one (left alone): docs/drift-points, README."""
+    for vllm, omni, says in (("0.31.0", "0.24.0", "meta_safe patch"), ("0.28.0", "0.28.0", "left alone")):
+        wheel_or_skip("vllm", vllm)
+        wheel_or_skip("vllm-omni", omni)
+        code, screen = _run(capsys, "check", f"vllm=={vllm}", f"vllm-omni=={omni}")
+        lines = _assert_fits(screen)
+        _, out = _run(capsys, "check", "--json", f"vllm=={vllm}", f"vllm-omni=={omni}")
+        line = _loader_line(lines, next(p for p in json.loads(out)["patches"] if p["name"] == LOADER_ID))
+        assert line.startswith(f"  loader: {says}: ")
+
+
+def test_check_verbose_wraps_at_the_width_and_keeps_every_word(capsys):
+    wheel_or_skip("vllm", "0.31.0")
+    wheel_or_skip("vllm-omni", "0.24.0")
+    spec = ("vllm==0.31.0", "vllm-omni==0.24.0")
+    _, whole = _run(capsys, "check", "--verbose", "--width", "100000", *spec)
+    assert max(len(line) for line in whole.splitlines()) > MAX_COLUMNS  # there is something to wrap
+    for width in (MAX_COLUMNS, 60, 40):
+        code, wrapped = _run(capsys, "check", "--verbose", "--width", str(width), *spec)
+        assert not [line for line in wrapped.splitlines() if len(line) > width]
+        assert code in (0, 1) and _squash(wrapped) == _squash(whole)  # nothing cut, nothing added

@@ -155,6 +155,11 @@ def _row(field: str, value: str, missing: str) -> Entry:
     raise KeyError(missing.format(value=value, known=", ".join(e.id for e in CATALOGUE)))
 
 
+# The drift point vllm_compat began with (README): vllm-omni's diffusion loader under vLLM's meta-device quantization.
+# Its decision has a line of its own on the short doctor / check screen, under this label (reporting.py).
+HEADLINE = ("diffusers_loader_meta_device", "loader")
+
+
 def entry(entry_id: str) -> Entry:
     """The row with ``entry_id``; ``KeyError`` naming the known ids otherwise."""
     return _row("id", entry_id, "no catalogue entry {value!r}; known: {known}")

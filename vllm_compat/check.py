@@ -24,15 +24,19 @@ refused), 2 usage: a version that does not exist, no network, a file that is not
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .detect.source_tree import SourceTree
-from .detect.wheels import PACKAGES, WheelError, fetch_wheel, newest_version, normalize_distribution
+
+# fetch_wheel: tests patch check.fetch_wheel to prove nothing is fetched (open_release calls it for pip's download)
+from .detect.wheels import PACKAGES, WheelError, fetch_wheel, newest_version, normalize_distribution  # noqa: F401
 
 # set to 1, check resolves nothing (as --no-resolve); the test suite sets it, the resolution's own tests unset it
 NO_RESOLVE_VAR = "VLLM_COMPAT_NO_RESOLVE"
@@ -78,15 +82,17 @@ def _tree_input(spec: str) -> list[CheckInput]:
 
 
 def _index_input(distribution: str, version: str | None) -> CheckInput:
+    from .detect.wheel_members import open_release
+
     if version is None:
         version = newest_version(distribution)
-    wheel, cached = fetch_wheel(distribution, version)
-    tree = SourceTree(wheel)
+    release = open_release(distribution, version)  # the cache, else the source members by range requests
+    tree = release.tree
     if not tree.has_package(PACKAGES[distribution]):
-        raise WheelError("not_vllm", f"{wheel} (fetched for {distribution}=={version}) holds no "
+        raise WheelError("not_vllm", f"{release.location} (fetched for {distribution}=={version}) holds no "
                                      f"{PACKAGES[distribution]} package; delete it from the cache and retry.")
     return CheckInput(distribution, tree, tree.distribution_version(distribution) or version,
-                      "cache" if cached else "downloaded", str(wheel))
+                      release.source, release.location)
 
 
 def _installed_omni() -> CheckInput | None:
@@ -100,6 +106,10 @@ def _installed_omni() -> CheckInput | None:
 
 
 def _parse_spec(spec: str) -> tuple[str, str | None]:
+    """``(distribution, version or None)`` of ``NAME==VERSION`` or ``NAME``; a usage error, before the index is
+    asked, for another name, an operator other than ``==``, or a version that is not one (``vllm==abc``)."""
+    from packaging.version import InvalidVersion, Version
+
     name, sep, version = spec.partition("==")
     distribution = normalize_distribution(name.strip())
     if distribution is None or any(op in name for op in "<>=!~ "):
@@ -107,6 +117,12 @@ def _parse_spec(spec: str) -> tuple[str, str | None]:
                      f"(an exact version: the check reads one release).")
     if sep and not version.strip():
         raise _usage(f"{spec!r} names no version; write {distribution}==X, or {distribution} alone for the newest.")
+    if version.strip():
+        try:
+            Version(version.strip())
+        except InvalidVersion:
+            raise _usage(f"{version.strip()!r} in {spec!r} is not a version; name one release, as "
+                         f"{distribution}==X.Y.Z, or {distribution} alone for the newest.") from None
     return distribution, version.strip() or None
 
 
@@ -195,6 +211,18 @@ class CheckResult:
             return f"  tested install: cell {cells[0]} tests this pair; its exact versions are not recorded yet"
         return None
 
+    def nearest_tested_text(self) -> str:
+        """Where the pair has no recorded set: the nearest pair that has one (``tested_sets.nearest``) and the
+        command that writes its set, as "; the nearest ..."; "" where no pair has one."""
+        from .tested_sets import nearest
+
+        versions = self.report.static.versions
+        found = nearest(versions.get("vllm"), versions.get("vllm-omni"))
+        if found is None:
+            return ""
+        return (f"; the nearest pair with a recorded set: {found.pair} (cell {found.cell}, {found.torch} torch, "
+                f"passed {found.passed}): vllm-compat check {found.pair} --constraints FILE")
+
     def to_dict(self) -> dict:
         drift = self.report.import_drift
         data = self.report.to_dict()
@@ -238,17 +266,41 @@ def run(vllm: CheckInput, omni: CheckInput, resolve: bool = False) -> CheckResul
     online = "downloaded" in (vllm.source, omni.source) or "cache" in (vllm.source, omni.source)
     dependencies = check_dependency_drift(vllm.tree, vllm.distribution, omni.tree, omni.distribution,
                                           offline=not online)
-    from_index = {vllm.source, omni.source} <= {"downloaded", "cache"}  # local wheels / trees: offline, not resolved
-    if resolve and from_index and dependencies is not None and vllm.version and omni.version:
-        from .dependency_drift import tested_for
-        from .resolution import resolve_pair
+    result = CheckResult(vllm=vllm, omni=omni, report=report, dependencies=dependencies)
+    if resolve:
+        resolve_install(result)
+    elif dependencies is not None:
+        dependencies.not_resolved = f"the resolution was turned off (--no-resolve or {NO_RESOLVE_VAR}=1)"
+    return result
 
-        tested = {line: tuple(cells) for line, cells in tested_for(
-            (vllm.distribution, vllm.version), (omni.distribution, omni.version)).values()}
-        dependencies.resolution = resolve_pair(
-            [f"{vllm.distribution}=={vllm.version}", f"{omni.distribution}=={omni.version}"],
-            dependencies.override_lines, tested=tested)
-    return CheckResult(vllm=vllm, omni=omni, report=report, dependencies=dependencies)
+
+def resolve_install(result: CheckResult) -> None:
+    """Resolve ``result``'s pair with uv as a user installs it (``resolution.resolve_pair`` with the conflict
+    overrides and the matrix cells' lines of the pair as tested): ``result.dependencies.resolution``; or say why
+    not (``not_resolved``: local wheels or trees, unknown versions). ``check`` and ``plan`` both call it, so a
+    plan row's overrides are the lines ``check --overrides`` writes."""
+    vllm, omni, dependencies = result.vllm, result.omni, result.dependencies
+    if dependencies is None:
+        return
+    if not {vllm.source, omni.source} <= {"downloaded", "cache"}:
+        dependencies.not_resolved = "local wheels and trees are not resolved (no index asked)"
+        return
+    if not (vllm.version and omni.version):
+        dependencies.not_resolved = "a version is unknown, so there is nothing to resolve"
+        return
+    from .dependency_drift import tested_for
+    from .resolution import resolve_pair
+
+    tested = {line: tuple(cells) for line, cells in tested_for(
+        (vllm.distribution, vllm.version), (omni.distribution, omni.version)).values()}
+    dependencies.resolution = resolve_pair(
+        [f"{vllm.distribution}=={vllm.version}", f"{omni.distribution}=={omni.version}"],
+        dependencies.override_lines, tested=tested)
+
+
+def resolve_enabled(args=None) -> bool:
+    """Whether ``check`` / ``plan`` resolve the pair: not with ``--no-resolve`` nor ``VLLM_COMPAT_NO_RESOLVE=1``."""
+    return not getattr(args, "no_resolve", False) and os.environ.get(NO_RESOLVE_VAR, "") != "1"
 
 
 def _where(item: CheckInput) -> str:
@@ -260,7 +312,8 @@ def _where(item: CheckInput) -> str:
 def render(result: CheckResult, verbose: bool = False, width: int | None = None) -> str:
     """The screen ``vllm-compat check`` prints: by default the short one (``reporting.render_summary``: the
     versions, one line per entrypoint, what vllm_compat does, the overrides, the verdict; no line longer than
-    ``width``, 100 by default); with ``verbose`` every drift point, reason, missing name and wheel read."""
+    ``width``, 100 by default); with ``verbose`` every drift point, reason, missing name and wheel read, wrapped
+    at ``width`` (``reporting.wrap_lines``: nothing cut)."""
     from .detect.versions import TESTED_VLLM_RANGE, is_tested_vllm
     from .reporting import SHORT_WIDTH, render_summary
 
@@ -287,11 +340,11 @@ def render(result: CheckResult, verbose: bool = False, width: int | None = None)
         *report.fact_lines(),
         "",
     ]
-    width = max([len(d.name) for d in report.patches] + [len("drift point")])
+    names = max([len(d.name) for d in report.patches] + [len("drift point")])
     variants = max([len(d.variant or "-") for d in report.patches] + [len("variant")])
-    lines.append(f"  {'drift point':<{width}}  {'action':<8}  {'variant':<{variants}}  why")
+    lines.append(f"  {'drift point':<{names}}  {'action':<8}  {'variant':<{variants}}  why")
     for d in report.patches:
-        lines.append(f"  {d.name:<{width}}  {d.action:<8}  {d.variant or '-':<{variants}}  {d.reason}")
+        lines.append(f"  {d.name:<{names}}  {d.action:<8}  {d.variant or '-':<{variants}}  {d.reason}")
     drift = report.import_drift
     if drift is not None and drift.ok:
         lines += ["", f"  import drift: none ({drift.checked} module-level vLLM imports of vllm-omni checked)"]
@@ -313,7 +366,9 @@ def render(result: CheckResult, verbose: bool = False, width: int | None = None)
     if line := result.tested_set_line():
         lines += ["", line]
     lines += ["", f"  verdict: {report.verdict().text}"]
-    return "\n".join(lines)
+    from .reporting import wrap_lines
+
+    return "\n".join(wrap_lines(lines, width or SHORT_WIDTH))
 
 
 def run_check(args) -> int:
@@ -322,8 +377,7 @@ def run_check(args) -> int:
     stderr line says which do; ``--json`` then holds the gate under ``require``."""
     try:
         vllm, omni = resolve_inputs(list(args.specs), newest=args.newest)
-        resolve = not getattr(args, "no_resolve", False) and os.environ.get(NO_RESOLVE_VAR, "") != "1"
-        result = run(vllm, omni, resolve=resolve)
+        result = run(vllm, omni, resolve=resolve_enabled(args))
     except WheelError as exc:
         print(f"vllm-compat check: {exc}", file=sys.stderr)
         if args.json:
@@ -340,26 +394,62 @@ def run_check(args) -> int:
           else render(result, verbose=getattr(args, "verbose", False), width=getattr(args, "width", None)))
     if answer is not None:
         print(answer.line("check"), file=sys.stderr)
-    if getattr(args, "overrides", None):
-        from .dependency_drift import write_overrides
+    if _write_outputs(args, result) is not None:
+        return 2
+    return answer.exit_code if answer is not None else result.exit_code
 
+
+def _write_outputs(args, result: CheckResult) -> int | None:
+    """``--overrides FILE`` and ``--constraints FILE``: both written, or neither (2, each reason on stderr).
+    cli.py has checked each path's folder before the check ran; each file is written beside itself and renamed
+    into place, so a failed write leaves no half of one. None when everything asked for was written."""
+    from .dependency_drift import overrides_text
+
+    files, refusals = [], []
+    if getattr(args, "overrides", None):
         if result.dependencies is None:
-            print(f"vllm-compat check: no Requires-Dist to read (unpacked trees); {args.overrides} not written.",
-                  file=sys.stderr)
-            return 2
-        count = write_overrides(args.overrides, result.dependencies)
-        print(f"vllm-compat check: {count} override line(s) written to {args.overrides} "
-              f"(uv pip install ... --override {args.overrides})", file=sys.stderr)
+            refusals.append("no Requires-Dist to read (unpacked trees): there are no override lines to write")
+        else:
+            verified, _, why = result.dependencies.install_verified()
+            files.append((args.overrides, overrides_text(result.dependencies, args.overrides),
+                          f"{len(result.dependencies.install_lines)} override line(s) written to {args.overrides} "
+                          f"(uv pip install ... --override {args.overrides}); "
+                          f"{'verified' if verified else 'UNVERIFIED'}: {why}"))
     if getattr(args, "constraints", None):
         tested = result.tested_set
         if tested is None:
-            print(f"vllm-compat check: no matrix cell of this pair has recorded the exact versions it passed with; "
-                  f"{args.constraints} not written ({(result.tested_set_line() or 'no cell tests the pair').strip()})",
-                  file=sys.stderr)
-            return 2
-        from pathlib import Path
-
-        Path(args.constraints).write_text(tested.constraints_text())
-        print(f"vllm-compat check: cell {tested.cell}'s {len(tested.pins)} versions written to {args.constraints} "
-              f"(uv pip install {tested.pair} -c {args.constraints})", file=sys.stderr)
-    return answer.exit_code if answer is not None else result.exit_code
+            refusals.append("no matrix cell of this pair has recorded the exact versions it passed with ("
+                            f"{(result.tested_set_line() or 'no cell tests the pair').strip()})"
+                            + result.nearest_tested_text())
+        else:
+            files.append((args.constraints, tested.constraints_text(),
+                          f"cell {tested.cell}'s {len(tested.pins)} versions written to {args.constraints} "
+                          f"(uv pip install {tested.pair} -c {args.constraints})"))
+    asked = ", ".join(path for path in (getattr(args, "overrides", None), getattr(args, "constraints", None)) if path)
+    if refusals:
+        for reason in refusals:
+            print(f"vllm-compat check: {reason}; {asked} not written.", file=sys.stderr)
+        return 2
+    partial = []
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        for path, text, _ in files:
+            folder = os.path.dirname(os.path.abspath(path))
+            fd, temporary = tempfile.mkstemp(prefix=".vllm-compat-", dir=folder)
+            partial.append((temporary, path))
+            os.fchmod(fd, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+        for temporary, path in partial:
+            os.replace(temporary, path)
+    except OSError as exc:
+        for temporary, _ in partial:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+        print(f"vllm-compat check: could not write {exc.filename or asked} ({exc.strerror or exc}); "
+              f"{asked} not written.", file=sys.stderr)
+        return 2
+    for _, _, said in files:
+        print(f"vllm-compat check: {said}", file=sys.stderr)
+    return None

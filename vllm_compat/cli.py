@@ -1,7 +1,9 @@
 """``vllm-compat doctor``, ``scan``, ``check`` and ``plan`` (also ``python -m vllm_compat``).
 
 Exit codes: 0 handled or nothing to do; 1 a target refused, a runtime failure, or static and runtime
-detection disagreeing; 2 usage errors (bad arguments, bad ``VLLM_COMPAT_*`` values, unreadable paths).
+detection disagreeing; 2 usage errors (bad arguments, bad ``VLLM_COMPAT_*`` values, unreadable paths, an output
+file whose folder is missing), said in one or two lines before anything is read or fetched; 3 (doctor) nothing to
+judge: vLLM or vllm-omni is not installed here.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ def _doctor(args) -> int:
             result = report(runtime=True)
     else:
         result = report()
-    screen = result.render_table if args.verbose else lambda: result.render_short(args.width)
+    screen = (lambda: result.render_table(args.width)) if args.verbose else lambda: result.render_short(args.width)
     if args.json:
         import json
     if args.require is None:
@@ -123,15 +125,61 @@ def _add_require(parser: argparse.ArgumentParser) -> None:
              "verdict says")
 
 
-def _add_screen(parser: argparse.ArgumentParser) -> None:
-    """``--verbose`` and ``--width`` of the doctor's and check's screen (``reporting.render_summary``)."""
+def _add_screen(parser: argparse.ArgumentParser, verbose: str = "print the full report: every drift point with its "
+                "action and reason, every missing name, the facts read (the default is a short screen)") -> None:
+    """``--verbose`` and ``--width`` of a command's screen (``reporting.render_summary``, ``plan.render``); under
+    ``--verbose`` pip's and uv's own output is shown too (``tool_output``)."""
     from .reporting import SHORT_WIDTH
 
     parser.add_argument("--verbose", "-v", action="store_true",
-                        help="print the full report: every drift point with its action and reason, every missing "
-                             "name, the facts read (the default is a short screen)")
-    parser.add_argument("--width", metavar="N", type=int, default=SHORT_WIDTH,
-                        help=f"wrap the short screen at N columns (default {SHORT_WIDTH})")
+                        help=f"{verbose}; also shows pip's and uv's own output")
+    parser.add_argument("--width", metavar="N", type=_width, default=SHORT_WIDTH,
+                        help=f"wrap the screen at N columns, N >= {_min_width()} (default {SHORT_WIDTH})")
+
+
+def _min_width() -> int:
+    from .reporting import MIN_WIDTH
+
+    return MIN_WIDTH
+
+
+def _width(text: str) -> int:
+    """``--width N``: a whole number of columns, at least ``reporting.MIN_WIDTH`` (the narrowest screen whose
+    status column still fits); argparse turns the error into one line and exit 2."""
+    try:
+        columns = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of columns; pass --width N with N >= "
+                                         f"{_min_width()}.") from None
+    if columns < _min_width():
+        raise argparse.ArgumentTypeError(f"{columns} columns is under the minimum, {_min_width()}; pass --width "
+                                         f"{_min_width()} or more.")
+    return columns
+
+
+def _output_file(text: str) -> str:
+    """``--overrides FILE`` / ``--constraints FILE``: a file to write, checked before anything is read or fetched
+    (so a bad path costs no check and leaves nothing half-written): its folder must exist and be writable, and
+    the path must not be a folder. Returns ``text``."""
+    path = os.path.abspath(os.path.expanduser(text))
+    folder = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text} is a folder; name a file in it ({os.path.join(text, 'FILE')}).")
+    if not os.path.isdir(folder):
+        what = "is not a folder" if os.path.exists(folder) else "does not exist"
+        raise argparse.ArgumentTypeError(f"{text}: the folder {folder} {what}; create it first "
+                                         f"(mkdir -p {folder}) or name a file in an existing folder.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: the folder {folder} is not writable; name a file in a folder "
+                                         "you can write to.")
+    return text
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one line and a hint (not the whole usage), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}\n  (`{self.prog} --help` lists the arguments)\n")
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -169,8 +217,7 @@ def _command(commands, name: str, handler, summary: str, printed: str) -> argpar
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-compat", description=__doc__.splitlines()[0],
-                                     formatter_class=_HelpFormatter)
+    parser = _ArgumentParser(prog="vllm-compat", description=__doc__.splitlines()[0], formatter_class=_HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = _command(commands, "doctor", _doctor, "what vllm_compat detects and decides for this environment",
                       "report")
@@ -194,11 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--no-resolve", action="store_true",
                        help="do not resolve the pair with uv nor list its wheels' files (offline use; local wheels "
                             "and trees never resolve)")
-    check.add_argument("--overrides", metavar="FILE", default=None,
+    check.add_argument("--overrides", metavar="FILE", default=None, type=_output_file,
                        help="write the override lines that resolve the pair's dependency conflicts and the file "
                             "clashes of its resolution to FILE, for `uv pip install vllm==X vllm-omni==Y --override "
                             "FILE` (docs/dependency-drift.md)")
-    check.add_argument("--constraints", metavar="FILE", default=None,
+    check.add_argument("--constraints", metavar="FILE", default=None, type=_output_file,
                        help="write the exact versions a matrix cell of the pair passed with to FILE, for "
                             "`uv pip install vllm==X vllm-omni==Y -c FILE` (exit 2 where no cell recorded them)")
     _add_require(check)
@@ -212,13 +259,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stop at this vLLM minor (0.30: up to the newest 0.30.x) instead of the newest")
     which.add_argument("--vllm", metavar="A,B", default=None,
                        help="check these vLLM releases (comma-separated) instead of asking the index")
+    _add_screen(plan, "also list each vLLM's drift points, override lines and matrix cells")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import tool_output
     from .errors import ConfigError
 
     args = build_parser().parse_args(argv)
+    tool_output.show(getattr(args, "verbose", False))  # pip's and uv's own output: --verbose only
     try:
         return args.handler(args)
     except ConfigError as exc:

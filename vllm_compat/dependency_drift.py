@@ -85,6 +85,24 @@ class Conflict:
                 "resolution": self.resolution()}
 
 
+@dataclass(frozen=True)
+class OverrideLine:
+    """One line of the overrides file ``check --overrides`` writes, with why it is there: ``kind`` "conflict" (a
+    dependency conflict's override), "file clash" (two resolved wheels install the same files; the line's
+    ``known_clashes`` row removes it) or "missing pin" (the index lacks a pin; a matrix cell installs this
+    instead); ``reasons``: the comment lines written above it; ``cells``: the matrix cells of the pair installing
+    with exactly this line."""
+
+    line: str
+    kind: str
+    reasons: tuple[str, ...]
+    cells: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"line": self.line, "kind": self.kind, "reasons": list(self.reasons), "cells": list(self.cells),
+                "tested": bool(self.cells)}
+
+
 @dataclass
 class DependencyDrift:
     """Every conflict of one host / plugin pair, and what could not be read (a pinned package the index did not
@@ -101,6 +119,12 @@ class DependencyDrift:
     # check's only: the pair resolved with uv, its wheels listed, the files two of them both install
     # (resolution.Resolution); None when not resolved (--no-resolve, offline inputs)
     resolution: object = None
+    # check's only: the pair is to be installed (its screen has an install line, verified or said not to be), and
+    # why it was not resolved where ``resolution`` is None
+    for_install: bool = False
+    not_resolved: str | None = None
+    # {line: reason} of the matrix cells' breakage / index lines of this pair (tested_overrides.TESTED_REASONS)
+    cell_reasons: dict = field(default_factory=dict)
 
     @property
     def file_clashes(self):
@@ -122,6 +146,62 @@ class DependencyDrift:
         return [line for line in self.resolution.override_lines if line not in self.override_lines]
 
     @property
+    def install_overrides(self) -> list[OverrideLine]:
+        """Every line the install takes, each once with its reasons: the conflicts' overrides, then every line the
+        resolution named in any of its rounds (``resolution.Resolution.override_lines``): the lines its last,
+        verifying round was resolved with. What ``check --overrides`` writes and ``plan``'s overrides column
+        counts."""
+        found = [OverrideLine(c.override, "conflict", (c.describe(), c.resolution()), tuple(c.proven_by))
+                 for c in self.conflicts if c.override]
+        for line in self.breakage_lines:
+            kind, reasons = self.resolution.why(line)
+            if line in self.cell_reasons:
+                reasons = [*reasons, f"matrix: {self.cell_reasons[line]}"]
+            found.append(OverrideLine(line, kind or "resolution", tuple(reasons),
+                                      tuple(self.resolution.tested.get(line, ()))))
+        return found
+
+    @property
+    def install_lines(self) -> list[str]:
+        """``install_overrides``' lines, in order."""
+        return [o.line for o in self.install_overrides]
+
+    def install_verified(self) -> tuple[bool, str, str]:
+        """(whether installing with ``install_lines`` was resolved and checked, a few words for the screen, the
+        whole reason). Not verified: not resolved (--no-resolve, local wheels, uv missing or the index unreachable
+        with nothing cached), no solution, a clash left; a conflict without an override is never verified."""
+        if self.resolution is None:
+            why = self.not_resolved or "the pair was not resolved"
+            return False, "not resolved", why
+        verified, why = self.resolution.verified()
+        if verified and any(c.override is None for c in self.conflicts):
+            return False, "a conflict has no override", "a dependency conflict has no override line named"
+        if verified:
+            return True, "verified", why
+        status = self.resolution.last.compiled.status
+        short = {"skipped": "not resolved", "failed": "not resolved", "unresolvable": "uv finds no solution"}
+        return False, short.get(status, "a file clash is left"), why
+
+    def install_texts(self, file: str = "overrides.txt") -> list[tuple[str, str]]:
+        """The short screen's install lines as (text, indent of its wrapped rest): the command, with ``--override
+        FILE`` only where there are lines to write, and how to write them; check's unverified install says so
+        (UNVERIFIED and why) and is shown even without lines. [] where nothing is to be said (an installed pair:
+        the doctor's; a verified pair that needs no line)."""
+        if any(c.installed for c in self.conflicts):
+            return []
+        lines = self.install_lines
+        (host, host_version), (plugin, plugin_version) = self.host, self.plugin
+        pair = f"{host}=={host_version} {plugin}=={plugin_version}"
+        command = f"uv pip install {pair}" + (f" --override {file}" if lines else "")
+        written = [(f"      ({file}: vllm-compat check {pair} --overrides {file})", "       ")] if lines else []
+        if not self.for_install:  # the doctor's drift of an installed pair without its conflicts installed
+            return [(f"    install: {command}", "      "), *written] if lines else []
+        verified, short, _ = self.install_verified()
+        if verified:
+            return [(f"    install: {command}", "      "), *written] if lines else []
+        return [(f"    install, UNVERIFIED ({short}): {command}", "      "), *written]
+
+    @property
     def ok(self) -> bool:
         return not self.conflicts
 
@@ -132,7 +212,16 @@ class DependencyDrift:
                 "pinned_read": list(self.pinned_read), "unread": dict(self.unread),
                 "file_clashes": file_clashes_dict(self.file_clashes) if self.file_clashes is not None else None,
                 "breakage_overrides": self.breakage_lines,
-                "resolution": self.resolution.to_dict() if self.resolution is not None else None}
+                "resolution": self.resolution.to_dict() if self.resolution is not None else None,
+                "install": self._install_dict()}
+
+    def _install_dict(self) -> dict:
+        verified, short, why = self.install_verified()
+        resolution = self.resolution
+        return {"overrides": self.install_lines, "lines": [o.to_dict() for o in self.install_overrides],
+                "verified": verified, "status": short, "text": why,
+                "date": resolution.date if resolution is not None else None,
+                "stale": resolution.stale if resolution is not None else None}
 
     def render_lines(self, indent: str = "  ") -> list[str]:
         """The check's and the doctor's lines."""
@@ -149,7 +238,7 @@ class DependencyDrift:
                     same = c.override and c.override == f"{c.package}=={c.installed}"
                     here = f" [installed: {c.installed}" + (", the override below]" if same else "]")
                 lines += [f"{indent}  {c.describe()}{here}", f"{indent}    -> {c.resolution()}"]
-            if self.override_lines and not any(c.installed for c in self.conflicts):
+            if self.override_lines and not any(c.installed for c in self.conflicts) and not self.for_install:
                 lines.append(f"{indent}  install: `vllm-compat check ... --overrides FILE` writes the line(s), then "
                              f"`uv pip install {self.host[0]}=={self.host[1]} {self.plugin[0]}=={self.plugin[1]} "
                              f"--override FILE` (pip: docs/dependency-drift.md)")
@@ -159,10 +248,14 @@ class DependencyDrift:
             lines += file_clash_lines(self.file_clashes, indent)
         if self.resolution is not None:
             lines += self.resolution.render_lines(indent)
-            if self.breakage_lines and self.ok:
-                lines.append(f"{indent}  install: `vllm-compat check ... --overrides FILE` writes the line(s), then "
-                             f"`uv pip install {self.host[0]}=={self.host[1]} {self.plugin[0]}=={self.plugin[1]} "
-                             f"--override FILE`")
+        if self.for_install:
+            verified, _, why = self.install_verified()
+            pair = f"{self.host[0]}=={self.host[1]} {self.plugin[0]}=={self.plugin[1]}"
+            count = len(self.install_lines)
+            command = (f"`vllm-compat check ... --overrides FILE` writes the {count} line(s), then `uv pip install "
+                       f"{pair} --override FILE`" if count else f"`uv pip install {pair}`")
+            lines.append(f"{indent}  install: {command} (pip: docs/dependency-drift.md); "
+                         f"{'verified' if verified else 'UNVERIFIED'}: {why}")
         return lines
 
 
@@ -413,24 +506,24 @@ def installed_file_clashes():
     return find_file_clashes()
 
 
-def write_overrides(path, drift: DependencyDrift) -> int:
-    """Write ``drift``'s override lines to ``path`` (one a line, a comment per line saying why): the dependency
-    conflicts', then those the resolution's file clashes name (``breakage_lines``); returns how many."""
+def overrides_text(drift: DependencyDrift, path) -> str:
+    """The file ``check --overrides`` writes: a header (the pair, how to use it, whether the install with these
+    lines was verified and when), then each of ``drift.install_overrides`` under a comment per reason."""
+    verified, _, why = drift.install_verified()
     lines = [f"# vllm-compat check: {' '.join(drift.host)} + {' '.join(drift.plugin)}; "
-             f"use with `uv pip install --override {path}`"]
-    for c in drift.conflicts:
-        if c.override:
-            lines += [f"# {c.describe()}", c.override]
-    for line in drift.breakage_lines:
-        for finding in drift.resolution.findings:
-            if finding.fix == line:
-                lines += [f"# file clash: {finding.clash.describe()}", f"# known_clashes: {finding.row.reason}"]
-                break
-        lines.append(line)
+             f"use with `uv pip install --override {path}`",
+             f"# {'verified' if verified else 'UNVERIFIED'}: {why}"]
+    for item in drift.install_overrides:
+        lines += [f"# {reason}" for reason in item.reasons] + [item.line]
+    return "\n".join(lines) + "\n"
+
+
+def write_overrides(path, drift: DependencyDrift) -> int:
+    """Write ``overrides_text`` to ``path``; returns how many lines it holds (``drift.install_lines``)."""
     from pathlib import Path
 
-    Path(path).write_text("\n".join(lines) + "\n")
-    return len(drift.override_lines) + len(drift.breakage_lines)
+    Path(path).write_text(overrides_text(drift, path))
+    return len(drift.install_lines)
 
 
 def check_dependency_drift(host_tree, host: str, plugin_tree, plugin: str, offline: bool = False):
@@ -442,4 +535,18 @@ def check_dependency_drift(host_tree, host: str, plugin_tree, plugin: str, offli
     host_text, plugin_text = tree_metadata(host_tree, host), tree_metadata(plugin_tree, plugin)
     if host_text is None or plugin_text is None:
         return None
-    return detect_dependency_drift(host_text, plugin_text, offline=offline)
+    drift = detect_dependency_drift(host_text, plugin_text, offline=offline)
+    drift.for_install = True
+    drift.cell_reasons = tested_reasons(drift.host, drift.plugin)
+    return drift
+
+
+def tested_reasons(host: tuple[str, str], plugin: tuple[str, str]) -> dict:
+    """``{line: reason}``: the reasons the matrix cells of this pair give their breakage / index lines."""
+    from .detect.requirements import canonical
+    from .tested_overrides import TESTED_REASONS
+
+    for (h, hv, p, pv), reasons in TESTED_REASONS.items():
+        if (canonical(h), hv, canonical(p), pv) == (canonical(host[0]), host[1], canonical(plugin[0]), plugin[1]):
+            return dict(reasons)
+    return {}

@@ -9,7 +9,9 @@ from .detect.static import SiteFacts
 from .detect.versions import TESTED_VLLM_RANGE, is_tested_vllm
 from .entrypoints import ENTRYPOINTS
 
-SHORT_WIDTH = 100  # columns of the default doctor / check screen (``--width``); ``--verbose`` is not wrapped
+SHORT_WIDTH = 100  # columns of every screen by default (``--width``): doctor, check, plan, and their --verbose
+MIN_WIDTH = 40  # the narrowest ``--width``: an entrypoint's label and status still fit one line
+NOTHING_TO_JUDGE_EXIT = 3  # doctor where vLLM or vllm-omni is not installed: not "works" (0), not "fails" (1)
 
 
 @dataclass
@@ -106,8 +108,9 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """0 when vllm-omni can start, natively or with the shim (or nothing is installed); 1 when it will not,
-        a target was refused, the runtime check failed, or static and runtime detection disagree."""
+        """0 when vllm-omni can start, natively or with the shim; 1 when it will not, a target was refused, the
+        runtime check failed, or static and runtime detection disagree; 3 (``NOTHING_TO_JUDGE_EXIT``) when vLLM or
+        vllm-omni is not installed."""
         return self.verdict().exit_code
 
     def to_dict(self) -> dict:
@@ -152,7 +155,10 @@ class Report:
         """What each drift point shows of its facts (``DriftPoint.report_lines``), indented under the versions."""
         return [f"{indent}{line}" for point, facts in self._entry_facts() for line in point.report_lines(facts)]
 
-    def render_table(self) -> str:
+    def render_table(self, width: int | None = None) -> str:
+        """``doctor --verbose``: the versions and facts, every drift point with its action and reason, the
+        dependency drift and the verdict; lines wrapped at ``width`` (``wrap_lines``: nothing cut), or left whole
+        with None."""
         versions = self.environment.versions
         tested = is_tested_vllm(versions.get("vllm"))
         tested_note = {True: "tested", False: "UNTESTED (outside {}-{})".format(*TESTED_VLLM_RANGE), None: ""}[tested]
@@ -167,11 +173,11 @@ class Report:
         lines += render_import_drift(self.import_drift)
         lines.append(f"  torch      {versions.get('torch') or 'not installed'}")
         lines.append("")
-        width = max([len(d.name) for d in self.patches] + [5])
+        name_width = max([len(d.name) for d in self.patches] + [5])
         variant_width = max([len(d.variant or "-") for d in self.patches] + [7])
-        lines.append(f"  {'patch':<{width}}  {'action':<8}  {'variant':<{variant_width}}  why")
+        lines.append(f"  {'patch':<{name_width}}  {'action':<8}  {'variant':<{variant_width}}  why")
         for d in self.patches:
-            lines.append(f"  {d.name:<{width}}  {d.action:<8}  {d.variant or '-':<{variant_width}}  {d.reason}")
+            lines.append(f"  {d.name:<{name_width}}  {d.action:<8}  {d.variant or '-':<{variant_width}}  {d.reason}")
         if self.mode == "static" and any(d.action == "patched" for d in self.patches):
             lines.append("  (static: 'patched' means it will be patched when its target module is imported)")
         if self.runtime_error:
@@ -181,7 +187,7 @@ class Report:
         if self.dependency_drift is not None:
             lines += ["", *self.dependency_drift.render_lines()]
         lines += ["", f"  verdict: {self.verdict().text}"]
-        return "\n".join(lines)
+        return "\n".join(lines if width is None else wrap_lines(lines, width))
 
     def render_short(self, width: int = SHORT_WIDTH) -> str:
         """Doctor's default screen (``render_summary``): the versions, one line per entrypoint, what vllm_compat
@@ -198,6 +204,7 @@ class Report:
 
     def verdict(self) -> Verdict:
         """The one verdict doctor and ``check`` print: will each way of starting vllm-omni start here, and why.
+        Nothing to judge (exit 3) where there is no import drift to read: vLLM or vllm-omni is not installed.
 
         Missing vLLM names count once the decided bridges are applied (``import_drift``): first what stops
         ``import vllm_omni`` (then nothing starts), then what stops each entrypoint (``entrypoints.ENTRYPOINTS``:
@@ -207,6 +214,8 @@ class Report:
         natively when nothing needs to be. Where an entrypoint starts through a bridge that leaves a feature out
         (a raising stand-in), the verdict names that feature: it is never more optimistic than the env."""
         drift = self.import_drift
+        if drift is None:  # the installed pair lacks vLLM or vllm-omni (check always reads both)
+            return Verdict("nothing_to_judge", NOTHING_TO_JUDGE_EXIT, _nothing_to_judge(self.environment.versions))
         if drift is not None and not drift.import_ok:
             return Verdict("will_not_start", 1, (
                 f"WILL NOT START: vllm-omni will not import on this vLLM ({', '.join(drift.still_blocking_names)} "
@@ -251,7 +260,15 @@ class Report:
         if started:
             return Verdict("works_natively", 0, f"WORKS NATIVELY{_except(started)}: {details[0]}; nothing needs "
                            f"patching.{_left_out(started)}")
-        return Verdict("works_natively", 0, "WORKS NATIVELY: nothing needs patching (or nothing is installed yet).")
+        return Verdict("works_natively", 0, "WORKS NATIVELY: nothing needs patching.")
+
+
+def _nothing_to_judge(versions) -> str:
+    """The verdict where vLLM or vllm-omni is not installed: which, and what to do instead."""
+    absent = [name for name, key in (("vLLM", "vllm"), ("vllm-omni", "vllm-omni")) if not versions.get(key)]
+    what = " and ".join(absent) or "vLLM or vllm-omni"
+    return (f"NOTHING TO JUDGE: {what} {'are' if len(absent) > 1 else 'is'} not installed here. Install both, or "
+            "ask about a pair without installing it: vllm-compat check vllm==X vllm-omni==Y.")
 
 
 def _why_stopped(status) -> str:
@@ -295,7 +312,7 @@ def _sentence(text: str) -> str:
 @dataclass(frozen=True)
 class Verdict:
     """``Report.verdict``'s answer: kind ("works_natively", "works_with_vllm_compat", "will_not_start",
-    "refused", "failed", "disabled"), the exit code and the sentence doctor and check print."""
+    "refused", "failed", "disabled", "nothing_to_judge"), the exit code and the sentence doctor and check print."""
 
     kind: str
     exit_code: int
@@ -374,8 +391,11 @@ def render_summary(report: Report, head: list[str], dependencies, width: int = S
     the dependency overrides with the install command, and the verdict, its first words and exit code those of
     ``report.verdict()``. No line is longer than ``width``: long lists are wrapped, single reasons shortened with
     "..."; about 15-25 lines for any pair. Everything left out here is in ``render_table`` and ``--json``."""
-    width = max(width, 40)
+    width = max(width, MIN_WIDTH)
     lines = [line for text in head for line in _wrap(text, width, "    ")]
+    verdict = report.verdict()
+    if verdict.kind == "nothing_to_judge":  # no entrypoint, drift point or loader to speak of
+        return "\n".join([*lines, "", *_wrap(f"  verdict: {verdict.text}", width, "    ")])
     drift = report.import_drift
     if drift is not None and not drift.import_ok:
         names = list(drift.still_blocking_names)
@@ -383,17 +403,83 @@ def render_summary(report: Report, head: list[str], dependencies, width: int = S
                            + (f", +{len(names) - 1} more" if len(names) > 1 else "") + ")", width)]
     elif drift is not None and drift.statuses:
         lines += ["", *_entrypoint_lines(drift, width)]
-    lines += ["", *_compat_lines(report.patches, width)]
+    lines += ["", *_headline_line(report.patches, width)]
+    compat_at, compat = len(lines), _compat_lines(report.patches, width)
+    lines += compat
     if report.runtime_error:
         lines.append(_fit(f"  runtime: {report.runtime_error}", width))
     if report.mismatches:
         lines.append(_fit(f"  MISMATCH static vs runtime ({len(report.mismatches)}): {report.mismatches[0]}", width))
     if dependencies is not None:
         lines += ["", *_dependency_lines(dependencies, width)]
-    verdict = report.verdict()
     lines += ["", *_wrap(f"  verdict: {_short_verdict(report, verdict)}", width, "    "),
               *_wrap(f"  ({VERBOSE_HINT})", width, "   ")]
+    id_lines = MAX_ID_LINES
+    while len(lines) > SHORT_LINES and width >= SHORT_WIDTH and id_lines > 1:  # the budget: fewer lines of ids
+        id_lines -= 1
+        fewer = _compat_lines(report.patches, width, id_lines)
+        lines[compat_at:compat_at + len(compat)], compat = fewer, fewer
     return "\n".join(lines)
+
+
+HEADLINE_SAYS = {"patched": "{variant} patch", "skipped": "left alone", "pending": "pending",
+                 "refused": "REFUSED, left unpatched", "disabled": "disabled"}
+
+
+def _headline_line(patches, width: int) -> list[str]:
+    """One line for the decision of the catalogue's headline drift point (``catalogue.HEADLINE``: the one
+    vllm_compat began with): its label, what vllm_compat does and why ("LABEL: VARIANT patch: REASON", "LABEL: left
+    alone: REASON"); the reason up to its first ";" where the whole does not fit, cut at a word where that does not
+    either. Read from the decision alone (the short doctor imports no drift point); [] where it was not decided."""
+    from .catalogue import HEADLINE
+
+    entry_id, label = HEADLINE
+    decision = next((d for d in patches if d.name == entry_id), None)
+    if decision is None:
+        return []
+    head = f"  {label}: " + HEADLINE_SAYS.get(decision.action, decision.action).format(variant=decision.variant or "-")
+    reason = decision.reason or ""
+    for text in (reason, reason.split(";", 1)[0]):
+        if len(head) + 2 + len(text) <= width:
+            return [f"{head}: {text}" if text else head]
+    line = f"{head}: {reason}"[:width - 3]
+    return [(line.rsplit(" ", 1)[0] if " " in line[len(head) + 2:] else line).rstrip(",;:") + "..."]
+
+
+def wrap_lines(lines, width: int) -> list[str]:
+    """Every line at most ``width`` columns and nothing cut (``--verbose`` screens): a longer line breaks at spaces,
+    each continuation under a table row's last column where that leaves 30 columns, else under the line's indent
+    and four spaces; a word longer than the room breaks after a ".", "/", "," or "_" where one fits, else at the
+    room."""
+    import re
+
+    wrapped = []
+    for line in lines:
+        if len(line) <= width:
+            wrapped.append(line)
+            continue
+        indent = len(line) - len(line.lstrip())
+        gaps = [m.end() for m in re.finditer(r"\S {2,}(?=\S)", line)]  # a table's columns
+        hang = gaps[-1] if gaps and gaps[-1] <= width - MIN_WIDTH // 4 * 3 else min(indent + 4, width // 2)
+        first, rest = _cut(line, width, hang)
+        wrapped.append(first)
+        while rest:
+            piece, rest = _cut(" " * hang + rest, width, hang)
+            wrapped.append(piece)
+    return wrapped
+
+
+def _cut(text: str, width: int, start: int) -> tuple[str, str]:
+    """``text`` split into what fits ``width`` columns and the rest (stripped): at the last space past ``start``,
+    else after the last ".", "/", "," or "_" past it, else at ``width``."""
+    if len(text) <= width:
+        return text.rstrip(), ""
+    space = text.rfind(" ", start + 1, width + 1)
+    if space > start:
+        return text[:space].rstrip(), text[space:].strip()
+    mark = max(text.rfind(c, start + 1, width) for c in "./,_")
+    at = mark + 1 if mark > start else width
+    return text[:at], text[at:].strip()
 
 
 def _fit(text: str, width: int) -> str:
@@ -474,11 +560,13 @@ def _entrypoint_lines(drift, width: int) -> list[str]:
 
 
 MAX_ID_LINES = 5  # the acting drift points' lines on the short screen (its 25-line budget)
+SHORT_LINES = 25  # the short screen's budget at the default width: past it the drift points' ids give way
 
 
-def _compat_lines(patches, width: int) -> list[str]:
-    """What vllm_compat does here: the acting drift points (counts by catalogue kind, then their ids, wrapped);
-    pending ones counted; every refused one on a line with its reason; the disabled ones on one line."""
+def _compat_lines(patches, width: int, id_lines: int = MAX_ID_LINES) -> list[str]:
+    """What vllm_compat does here: the acting drift points (counts by catalogue kind, then their ids, wrapped onto
+    at most ``id_lines`` lines, the rest counted); pending ones counted; every refused one on a line with its
+    reason; the disabled ones on one line."""
     from .catalogue import entry
 
     def kind(decision) -> str:
@@ -499,7 +587,7 @@ def _compat_lines(patches, width: int) -> list[str]:
         names = [d.name for d in acting]
         lines = _wrap(head + ", ".join(names), width, "    ")
         shown = len(names)
-        while len(lines) > MAX_ID_LINES and shown > 1:  # the rest by count: --verbose names every one
+        while len(lines) > max(id_lines, 1) and shown > 1:  # the rest by count: --verbose names every one
             shown -= 1
             lines = _wrap(head + ", ".join(names[:shown]) + f", +{len(names) - shown} more (--verbose)", width,
                           "    ")
@@ -536,13 +624,8 @@ def _dependency_lines(dependencies, width: int) -> list[str]:
         count = len(dependencies.conflicts)
         lines = _wrap(f"  dependencies: {count} conflict{'s' if count > 1 else ''} a resolver will hit; "
                       f"override{'s' if len(items) > 1 else ''}: {'; '.join(items)}{resolved}", width, "    ")
-    if ((dependencies.override_lines or dependencies.breakage_lines)
-            and not any(c.installed for c in dependencies.conflicts)):
-        (host, host_version), (plugin, plugin_version) = dependencies.host, dependencies.plugin
-        pair = f"{host}=={host_version} {plugin}=={plugin_version}"
-        lines += [*_wrap(f"    install: uv pip install {pair} --override overrides.txt", width, "      "),
-                  *_wrap(f"      (overrides.txt: vllm-compat check {pair} --overrides overrides.txt)", width,
-                         "       ")]
+    for text, indent in dependencies.install_texts():  # the install command, verified or said not to be
+        lines += _wrap(text, width, indent)
     if dependencies.unread:
         lines.append(_fit(f"    not read: {_first(sorted(dependencies.unread))} (--verbose)", width))
     return lines

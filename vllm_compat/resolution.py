@@ -11,8 +11,10 @@ cuda-python 12.6.2.post1 (an old monolithic wheel) beside cuda-bindings 13.5.0, 
    ``pylock.toml``: every package with its wheels' URLs, hashes and sizes. No uv on PATH: skipped, and said so. A
    resolution that fails is itself a finding: uv's reason in one line, and the pins the index lacks
    (``missing``: vLLM 0.34.0's ``flashinfer-python==0.7.3`` on 2026-12-05). Kept per (requirements, override
-   lines, this interpreter's best tag, uv's index variables, UTC date) in ``resolutions/`` of the check's wheel
-   cache: the set moves daily, so a resolution is good for the day it was made.
+   lines, this interpreter's best tag, uv's index variables) and UTC date in ``resolutions/`` of the check's wheel
+   cache: the set moves daily, so a resolution is good for the day it was made. When uv cannot answer today (the
+   index unreachable, uv gone), the newest earlier answer of the same key is given instead, marked with its date
+   and why today's was not made (``Compiled.stale``): a pair checked before keeps its answer offline.
 2. ``detect.wheel_listing``: each package's wheel for this interpreter (the one an installer picks: the best
    ``packaging.tags.sys_tags`` match) is listed by HTTP range requests on its zip's end, concurrently, cached per
    sha256. A package with no wheel (an sdist, built at install) is named, not listed.
@@ -41,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-RESOLUTION_FORMAT = 2  # bump when the cached file's shape changes
+RESOLUTION_FORMAT = 3  # bump when the cached file's shape changes (3: the key leaves the date out)
 UV_TIMEOUT_S = 600
 # uv's index settings a user may have set: part of the cache key (another index, another resolution)
 UV_INDEX_VARS = ("UV_INDEX", "UV_DEFAULT_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS",
@@ -81,6 +83,9 @@ class Compiled:
     date: str | None = None  # the UTC day it was made
     seconds: float = 0.0
     cached: bool = False
+    # why today's resolution could not be made (uv's reason: the index unreachable, uv missing) when this is an
+    # earlier day's answer from the cache (``date``); None for today's
+    stale: str | None = None
 
     @property
     def wheels(self) -> list:
@@ -99,7 +104,7 @@ class Compiled:
                 "overrides": self.overrides, "reason": self.reason, "missing": self.missing, "uv": self.uv,
                 "date": self.date, "resolved": len(self.packages),
                 "packages": {name: version for name, version, _ in self.packages}, "no_wheel": self.no_wheel,
-                "resolve_seconds": round(self.seconds, 3), "cached": self.cached}
+                "resolve_seconds": round(self.seconds, 3), "cached": self.cached, "stale": self.stale}
 
 
 def _toml_loads():
@@ -178,30 +183,101 @@ def _reason(stderr: str) -> str:
     return errors[-1] if errors else (stderr.strip().splitlines() or ["no output"])[-1].strip()
 
 
+def _network_reason(stderr: str) -> str:
+    """uv's failure to reach the index in one line: ``the index could not be reached (<what uv fetched>: <the
+    last cause>)``."""
+    causes = [line.split("cause:", 1)[1].strip() for line in stderr.splitlines() if "cause:" in line]
+    fetched = next((c for c in causes if c.startswith("Failed to fetch")), None)
+    detail = "; ".join(part for part in (fetched, causes[-1] if causes else None) if part) or _reason(stderr)
+    return f"the index could not be reached ({detail})"
+
+
 def uv_path() -> str | None:
     return shutil.which("uv")
 
 
-def _cache_key(requirements: list[str], overrides: list[str], date: str) -> str:
+def _cache_key(requirements: list[str], overrides: list[str]) -> str:
+    """The key of a resolution's answers, one file per UTC day (``_answer_path``): what it depends on but the day."""
     from packaging.tags import sys_tags
 
     env = {var: os.environ[var] for var in UV_INDEX_VARS if os.environ.get(var)}
-    material = json.dumps([RESOLUTION_FORMAT, requirements, sorted(overrides), date, str(next(iter(sys_tags()))),
-                           env], sort_keys=True)
+    material = json.dumps([RESOLUTION_FORMAT, requirements, sorted(overrides), str(next(iter(sys_tags()))), env],
+                          sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()[:24]
 
 
-def compile_pair(requirements: list[str], overrides: list[str], directory: Path | None = None,
-                 timeout: float = UV_TIMEOUT_S) -> Compiled:
-    """``uv pip compile`` of ``requirements`` with ``overrides`` (see the module docstring); the day's cached
-    answer when there is one."""
+def _today() -> str:
     from datetime import datetime, timezone
 
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
+
+
+def _answer_path(folder: Path, key: str, date: str) -> Path:
+    return folder / f"{key}-{date}.json"
+
+
+def _earlier_answer(folder: Path, key: str, date: str) -> dict | None:
+    """The newest cached answer of ``key`` made before ``date`` (a readable one of this format); None if none."""
+    found = []
+    for path in folder.glob(f"{key}-*.json"):
+        day = path.name[len(key) + 1:-len(".json")]
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", day) and day < date:
+            found.append((day, path))
+    for _, path in sorted(found, reverse=True):
+        data = _read_answer(path)
+        if data is not None:
+            return data
+    return None
+
+
+def _read_answer(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == RESOLUTION_FORMAT else None
+
+
+def compile_pair(requirements: list[str], overrides: list[str], directory: Path | None = None,
+                 timeout: float = UV_TIMEOUT_S, cache_only: str | None = None) -> Compiled:
+    """``uv pip compile`` of ``requirements`` with ``overrides`` (see the module docstring): the day's cached
+    answer when there is one; else uv's; where uv cannot answer ("failed": the index unreachable; "skipped": no uv
+    or no TOML reader), the newest earlier answer of the same key, with ``stale`` saying why, else uv's failure.
+    ``cache_only`` (why uv is not run: an earlier resolution of the same check could not reach the index, and
+    uv's retries take 5-11 s each): the cached answers only."""
     from .detect.wheels import cache_dir
 
-    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    date = _today()
     shown = ["uv", "pip", "compile", "requirements.in", *(["--override", "overrides.txt"] if overrides else []),
              "--format", "pylock.toml", "--python", sys.executable]
+    folder = (cache_dir() if directory is None else Path(directory)) / "resolutions"
+    key = _cache_key(requirements, overrides)
+    path = _answer_path(folder, key, date)
+    cached = _read_answer(path)
+    if cached is not None:
+        try:
+            return _from_cache(cached, shown, requirements, overrides)
+        except (KeyError, TypeError):
+            pass
+    if cache_only is not None:
+        compiled = Compiled("failed", shown, requirements, overrides, date=date, reason=cache_only)
+    else:
+        compiled = _run_uv(requirements, overrides, shown, date, timeout)
+    if compiled.status in ("failed", "skipped"):  # uv could not answer today: an earlier day's answer, if any
+        earlier = _earlier_answer(folder, key, date)
+        if earlier is not None:
+            try:
+                return _from_cache(earlier, shown, requirements, overrides, stale=compiled.reason)
+            except (KeyError, TypeError):
+                pass
+        return compiled
+    _write_json(path, {"format": RESOLUTION_FORMAT, **compiled.to_dict(),
+                       "wheels": {w.name: w.to_dict() for w in compiled.wheels}})
+    return compiled
+
+
+def _run_uv(requirements: list[str], overrides: list[str], shown: list[str], date: str, timeout: float) -> Compiled:
+    """One ``uv pip compile`` now (see ``compile_pair``)."""
     uv = uv_path()
     if uv is None:
         return Compiled("skipped", shown, requirements, overrides, date=date,
@@ -210,14 +286,6 @@ def compile_pair(requirements: list[str], overrides: list[str], directory: Path 
     if loads is None:
         return Compiled("skipped", shown, requirements, overrides, date=date,
                         reason="reading uv's pylock.toml needs Python 3.11 (tomllib) or the tomli package")
-    path = (cache_dir() if directory is None else Path(directory)) / "resolutions" / \
-        f"{_cache_key(requirements, overrides, date)}.json"
-    try:
-        cached = json.loads(path.read_text())
-        if cached.get("format") == RESOLUTION_FORMAT:
-            return _from_cache(cached, shown, requirements, overrides)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
     start = time.perf_counter()
     version = subprocess.run([uv, "--version"], capture_output=True, text=True).stdout.strip() or None
     with tempfile.TemporaryDirectory(prefix="vllm-compat-resolve-") as tmp:
@@ -237,30 +305,29 @@ def compile_pair(requirements: list[str], overrides: list[str], directory: Path 
             return Compiled("failed", shown, requirements, overrides, uv=version, date=date,
                             reason=f"uv could not run: {exc}")
         seconds = time.perf_counter() - start
+        from .tool_output import echo
+
+        echo(result.stderr)  # uv's own output: --verbose only; a failure is said in one line below
         if result.returncode != 0 or not (work / "pylock.toml").is_file():
             missing = _missing(result.stderr)
             network = bool(_UV_NETWORK.search(result.stderr)) and not missing
-            compiled = Compiled("failed" if network or "No solution found" not in result.stderr else "unresolvable",
-                                shown, requirements, overrides, reason=_reason(result.stderr), missing=missing,
-                                uv=version, date=date, seconds=seconds)
-        else:
-            packages = parse_pylock((work / "pylock.toml").read_text(), loads)
-            compiled = Compiled("resolved", shown, requirements, overrides, packages=packages, uv=version,
-                                date=date, seconds=seconds)
-    if compiled.status != "failed":  # a failure to reach the index is not the day's answer
-        _write_json(path, {"format": RESOLUTION_FORMAT, **compiled.to_dict(),
-                           "wheels": {w.name: w.to_dict() for w in compiled.wheels}})
-    return compiled
+            reason = _network_reason(result.stderr) if network else _reason(result.stderr)
+            return Compiled("failed" if network or "No solution found" not in result.stderr else "unresolvable",
+                            shown, requirements, overrides, reason=reason, missing=missing,
+                            uv=version, date=date, seconds=seconds)
+        packages = parse_pylock((work / "pylock.toml").read_text(), loads)
+        return Compiled("resolved", shown, requirements, overrides, packages=packages, uv=version, date=date,
+                        seconds=seconds)
 
 
-def _from_cache(data: dict, shown, requirements, overrides) -> Compiled:
+def _from_cache(data: dict, shown, requirements, overrides, stale: str | None = None) -> Compiled:
     from .detect.wheel_listing import RemoteWheel
 
     wheels = {name: RemoteWheel(**w) for name, w in data.get("wheels", {}).items()}
     packages = [(name, version, wheels.get(name)) for name, version in sorted(data.get("packages", {}).items())]
     return Compiled(data["status"], shown, requirements, overrides, packages=packages, reason=data.get("reason"),
                     missing=list(data.get("missing", [])), uv=data.get("uv"), date=data.get("date"),
-                    seconds=data.get("resolve_seconds", 0.0), cached=True)
+                    seconds=data.get("resolve_seconds", 0.0), cached=True, stale=stale)
 
 
 def _write_json(path: Path, data) -> None:
@@ -348,12 +415,13 @@ class Resolved:
                 "clashes": [f.to_dict() for f in self.findings]}
 
 
-def resolve_and_list(requirements: list[str], overrides: list[str], directory: Path | None = None) -> Resolved:
-    """Steps 1-3 of the module docstring for one set of override lines."""
+def resolve_and_list(requirements: list[str], overrides: list[str], directory: Path | None = None,
+                     cache_only: str | None = None) -> Resolved:
+    """Steps 1-3 of the module docstring for one set of override lines (``cache_only``: see ``compile_pair``)."""
     from .detect.file_owners import Distribution, find_listing_clashes
     from .detect.wheel_listing import list_wheels
 
-    compiled = compile_pair(requirements, overrides, directory)
+    compiled = compile_pair(requirements, overrides, directory, cache_only=cache_only)
     if compiled.status != "resolved":
         return Resolved(compiled)
     wheels = compiled.wheels
@@ -366,8 +434,9 @@ def resolve_and_list(requirements: list[str], overrides: list[str], directory: P
 
 @dataclass
 class Resolution:
-    """``check``'s resolution of a pair: ``first`` with the conflict overrides alone, and, when its clashes name
-    override lines, ``fix``: the same with those lines added (what the user installs with ``--overrides``)."""
+    """``check``'s resolution of a pair: ``first`` with the conflict overrides alone, then, while a resolution
+    names override lines not tried yet, one more round with them added (``rounds``, oldest first; ``fix`` is the
+    last: what the user installs with ``--overrides``)."""
 
     first: Resolved
     fix: Resolved | None = None
@@ -375,6 +444,7 @@ class Resolution:
     # {override line: the matrix cells of the pair that install with it} (tested_overrides: the cells'
     # breakage_overrides), set by check: an override line a cell proves is "tested"
     tested: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    rounds: list = field(default_factory=list)  # every re-resolution, ``fix`` last
 
     @property
     def status(self) -> str:
@@ -385,19 +455,84 @@ class Resolution:
         return self.first.findings
 
     @property
+    def resolutions(self) -> list:
+        """``first``, then every round (``fix`` alone where ``rounds`` was not kept)."""
+        rounds = self.rounds or ([self.fix] if self.fix is not None else [])
+        return [self.first, *rounds]
+
+    @property
     def override_lines(self) -> list[str]:
-        """The override lines this resolution names (each once), for ``check --overrides``: the clashes' (of the
-        first resolution, then of the fix), and for a pin the index lacks the line a matrix cell of the pair
-        installs instead (``tested``)."""
-        lines = named_lines(self.first, self.tested)
-        if self.fix is not None:
-            lines += [line for line in named_lines(self.fix, self.tested) if line not in lines]
+        """The override lines this resolution names (each once), for ``check --overrides``: the clashes' and, for a
+        pin the index lacks, the line a matrix cell of the pair installs instead (``tested``), of the first
+        resolution and of every round after it: every line the last round was resolved with, beside the
+        conflict overrides it started from (vLLM 0.34.0 + vllm-omni 0.24.0: flashinfer-python==0.7.4 from the
+        first, cuda-python==13.4.4 from the round with it)."""
+        lines: list[str] = []
+        for resolved in self.resolutions:
+            lines += [line for line in named_lines(resolved, self.tested) if line not in lines]
         return lines
+
+    def why(self, line: str) -> tuple[str, list[str]]:
+        """(kind, reasons) of one of ``override_lines``: "file clash" (each clash a resolution showed that the
+        line removes, with its ``known_clashes`` row's reason) or "missing pin" (the pin the index lacks that the
+        line replaces, and the matrix cells installing it); ("", []) for a line this resolution did not name."""
+        reasons: list[str] = []
+        for resolved in self.resolutions:
+            for finding in resolved.findings:
+                if finding.action == "override" and finding.fix == line:
+                    text = f"file clash: {finding.clash.describe()}"
+                    if text not in reasons:
+                        reasons += [text, f"known_clashes: {finding.row.reason}"]
+        if reasons:
+            return "file clash", reasons
+        name = _canonical(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0])
+        for resolved in self.resolutions:
+            for pin in resolved.compiled.missing:
+                if _canonical(re.split(r"[<>=!~;\[ ]", pin, maxsplit=1)[0]) == name:
+                    cells = self.tested.get(line, ())
+                    return "missing pin", [f"not on the index: {pin} (uv: {resolved.compiled.reason}); "
+                                           + (f"matrix cell{'s' * (len(cells) > 1)} {', '.join(cells)} "
+                                              f"install{'s' * (len(cells) == 1)} {line} instead" if cells
+                                              else f"{line} instead, untested")]
+        return "", []
 
     @property
     def unknown(self) -> list:
         """The clashes nothing handles: unknown, or a harmless row whose condition fails here."""
         return [f for f in self.findings if not f.handled]
+
+    @property
+    def last(self) -> Resolved:
+        """The resolution whose lines a user installs with: ``fix`` where there was a round, else ``first``."""
+        return self.fix if self.fix is not None else self.first
+
+    @property
+    def stale(self) -> str | None:
+        """Why today's resolution was not made (the index unreachable, uv missing), where an earlier day's answer
+        from the cache stands in for any of the resolutions; None when all are today's."""
+        return next((r.compiled.stale for r in self.resolutions if r.compiled.stale), None)
+
+    @property
+    def date(self) -> str | None:
+        """The UTC day of the oldest resolution used (today's, or a cached earlier one's offline)."""
+        dates = [r.compiled.date for r in self.resolutions if r.compiled.date]
+        return min(dates) if dates else None
+
+    def verified(self) -> tuple[bool, str]:
+        """(whether the install with ``override_lines`` was resolved and nothing is left that it does not handle,
+        why not / what was checked). Verified: the last resolution resolved, and no clash of it needs an override
+        not among the lines, is unknown or not harmless here."""
+        last = self.last.compiled
+        if last.status in ("skipped", "failed"):
+            return False, f"the pair was not resolved ({_tail(last.reason)})"
+        if last.status == "unresolvable":
+            what = f"{_first(last.missing)} not on the index" if last.missing else _tail(last.reason)
+            return False, f"uv finds no solution: {what}"
+        left = [f for f in self.last.findings if not f.handled or f.action == "override"]
+        if left:
+            return False, "a file clash is left: " + "; ".join(f"{f.pair()} ({f.action})" for f in left)
+        when = f"{last.date}, from the cache: {_tail(self.stale)}" if self.stale else f"{last.date}"
+        return True, f"uv resolved the pair with these lines ({when}); no file clash left that is not harmless"
 
     def fix_text(self) -> str | None:
         """What the resolution with the override lines showed: the versions picked for the overridden
@@ -409,7 +544,7 @@ class Resolution:
             return f"with {', '.join(self.override_lines)}: {compiled.status}: {compiled.reason}"
         left = [f for f in self.fix.findings if f.action in ("override", "unknown", "not_harmless")]
         names = {_canonical(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0]) for line in self.override_lines}
-        names |= {_canonical(n) for f in (*self.findings, *self.fix.findings) if f.action == "override"
+        names |= {_canonical(n) for r in self.resolutions for f in r.findings if f.action == "override"
                   for n in (f.clash.first.name, f.clash.second.name)}
         picked = ", ".join(f"{name} {compiled.version_of(name) or '?'}" for name in sorted(names))
         return (f"with {', '.join(self.override_lines)}: uv picks {picked}; "
@@ -423,27 +558,35 @@ class Resolution:
             f.action in ("override", "unknown", "not_harmless") for f in self.fix.findings)
 
     def to_dict(self) -> dict:
+        verified, why = self.verified()
         return {**self.first.to_dict(), "overrides_named": self.override_lines,
                 "fix": {**self.fix.to_dict(), "ok": self.fix_ok(), "text": self.fix_text()} if self.fix else None,
-                "seconds": round(self.seconds, 3)}
+                "rounds": len(self.resolutions) - 1, "verified": verified, "verified_text": why,
+                "answer_date": self.date, "stale": self.stale, "seconds": round(self.seconds, 3)}
 
     # ---------------------------------------------------------------------------------------- the lines
 
     def short_text(self) -> str:
         """The short screen's words on it, appended to its dependencies line: what uv resolved, and only what
         installing takes (an override, a reinstall) or what nothing handles; harmless clashes are counted only
-        where there is nothing else to say (``render_lines`` has each)."""
+        where there is nothing else to say (``render_lines`` has each). An earlier day's answer from the cache
+        (offline) says its date."""
         compiled = self.first.compiled
         if compiled.status == "skipped":
             return f"resolution not checked ({compiled.reason})"
         if compiled.status == "failed":
             return f"resolution not checked (uv: {compiled.reason})"
+        when = f"; as resolved on {self.date} (from the cache: uv could not answer today)" if self.stale else ""
+        lines = self.override_lines
+        proven = "tested" if all(line in self.tested for line in lines) else "untested"
+        clashes = len({f.pair() for r in self.resolutions for f in r.findings if f.action == "override"})
+        clash_words = f"{clashes} file clash{'es' if clashes > 1 else ''}"
         if compiled.status == "unresolvable":
             what = f"{_first(compiled.missing)} not on the index" if compiled.missing else compiled.reason
             if self.fix_ok():  # a cell's line replaces the missing pin, and what it resolves to installs
-                proven = "tested" if all(line in self.tested for line in self.override_lines) else "untested"
-                return f"uv: {what} -> overrides {', '.join(self.override_lines)} ({proven})"
-            return f"uv: NO SOLUTION, {what} (--verbose)"
+                return (f"uv: {what}{', ' + clash_words if clashes else ''} -> override{'s' if len(lines) > 1 else ''}"
+                        f" {', '.join(lines)} ({proven}){when}")
+            return f"uv: NO SOLUTION, {what} (--verbose){when}"
         head = f"uv resolves {len(compiled.packages)} packages, "
         parts = []
         unknown = self.unknown
@@ -451,24 +594,25 @@ class Resolution:
             kind = "UNKNOWN" if any(f.action == "unknown" for f in unknown) else "NOT HARMLESS"
             parts.append(f"{kind} file clash {unknown[0].pair()} ({unknown[0].clash.count} files)"
                          + (f", +{len(unknown) - 1} more" if len(unknown) > 1 else ""))
-        if self.override_lines:
-            count = sum(f.action == "override" for f in self.findings)
-            proven = "tested" if all(line in self.tested for line in self.override_lines) else "untested"
-            parts.append(f"{count} file clash{'es' if count > 1 else ''} -> override {', '.join(self.override_lines)}"
+        if lines:
+            parts.append(f"{clash_words} -> override {', '.join(lines)}"
                          + (f" ({proven})" if self.fix_ok() in (True, None) else " (NOT enough, --verbose)"))
         reinstall = [f.fix for f in self.findings if f.action == "reinstall"]
         if reinstall:
             parts.append(f"then reinstall {', '.join(reinstall)} (overlay)")
         if parts:
-            return head + "; ".join(parts)
+            return head + "; ".join(parts) + when
         harmless = sum(f.action == "harmless" for f in self.findings)
-        return head + ("no file clash" + (f" but {harmless} harmless" if harmless else ""))
+        return head + ("no file clash" + (f" but {harmless} harmless" if harmless else "")) + when
 
     def render_lines(self, indent: str = "  ") -> list[str]:
         """``--verbose``: the command, what it resolved and cost, each clash with its row, the fix checked."""
         compiled, first = self.first.compiled, self.first
         when = f"{compiled.uv or 'uv'}, {compiled.date} UTC" + ("; cached" if compiled.cached else "")
         lines = [f"{indent}resolution: `{' '.join(compiled.command)}` ({when})"]
+        if self.stale:
+            lines.append(f"{indent}  an earlier answer, from the cache ({self.date}): uv could not resolve today "
+                         f"({self.stale})")
         if compiled.status in ("skipped", "failed"):
             return lines + [f"{indent}  not checked: {compiled.reason}"]
         if compiled.status == "unresolvable":
@@ -493,11 +637,20 @@ class Resolution:
     def _fix_lines(self, indent: str) -> list[str]:
         """The re-resolution with the named lines, and which matrix cell installs with each line."""
         lines = [f"{indent}  checked: {self.fix_text()}"] if self.fix is not None else []
+        if self.override_lines or self.fix is not None:
+            verified, why = self.verified()
+            lines.append(f"{indent}  install with these lines: {'verified' if verified else 'UNVERIFIED'}: {why}")
         for line in self.override_lines:
             cells = self.tested.get(line)
             lines.append(f"{indent}  {line}: " + (f"tested by matrix cell {', '.join(cells)}" if cells else
                                                  "untested: no matrix cell of this pair installs with it"))
         return lines
+
+
+def _tail(reason: str | None, limit: int = 120) -> str:
+    """A reason cut to ``limit`` characters (uv's run long)."""
+    reason = " ".join((reason or "no reason given").split())
+    return reason if len(reason) <= limit else reason[:limit - 3] + "..."
 
 
 def _first(items) -> str:
@@ -533,6 +686,10 @@ def resolve_pair(requirements: list[str], overrides: list[str], directory: Path 
         if not named:
             break
         lines += named
-        resolution.fix = resolve_and_list(requirements, lines, directory)
+        # uv could not answer the last round: the next ones are read from the cache, not tried again
+        last = resolution.last.compiled
+        offline = last.stale or (last.reason if last.status in ("failed", "skipped") else None)
+        resolution.fix = resolve_and_list(requirements, lines, directory, cache_only=offline)
+        resolution.rounds.append(resolution.fix)
     resolution.seconds = time.perf_counter() - start
     return resolution

@@ -101,6 +101,47 @@ def test_a_handled_drift_stops_the_verdict_once_its_drift_point_is_off(capsys, m
         "wait_for_engine_startup" in off["verdict"]["text"]
 
 
+# Drift points whose drift fails a feature when it is used (a request, a step of an LLM / AR stage, an AR-diffusion
+# model), not a start: off in turn, each drift is named under the entrypoint whose feature it fails, in its
+# "fails_when_used" list, and the verdict keeps its exit code. (vLLM, entry) -> [(entrypoint, kind, the vLLM object's
+# last part, a name)]: the objects and names of the drift points' "Why:" (vLLM 0.27.1's positional-only algorithm,
+# 0.30's KVCacheTensor fields and 8-value _bookkeeping_sync, 0.26's num_in_flight_tokens read from vllm-omni's request
+# adapter, 0.30's NaN state set by the AsyncGPUModelRunnerOutput __init__ vllm-omni skips, 0.31's skipped_waiting,
+# 0.34's TokenBuffer without clear, 0.27's stale-output bookkeeping that stopped reading async_tokens_to_discard).
+RETRO_WHEN_USED = {
+    ("0.34.0", "mm_hasher_algorithm"): [(ep, "call", "hash_kwargs", "algorithm") for ep in ("offline", "serve")],
+    ("0.34.0", "kv_cache_tensor_shared_by"): [("diffusion_stage", "call", "KVCacheTensor.__init__", "shared_by")],
+    ("0.34.0", "ar_diffusion_in_flight_tokens"): [("diffusion_stage", "attribute", "num_in_flight_tokens",
+                                                   "num_in_flight_tokens")],
+    ("0.34.0", "request_token_buffer_clear"): [("llm_stage", "call", "TokenBuffer.clear", "clear")],
+    ("0.34.0", "scheduler_skipped_waiting"): [("llm_stage", "attribute", "skipped_waiting", "skipped_waiting")],
+    ("0.34.0", "async_tokens_to_discard"): [("llm_stage", "unread", "async_tokens_to_discard",
+                                             "async_tokens_to_discard")],
+    ("0.30.0", "ar_runner_bookkeeping_sync"): [("llm_stage", "unpack", "_bookkeeping_sync", "_bookkeeping_sync")],
+    ("0.30.0", "async_runner_output_init_attrs"): [("llm_stage", "attribute", "_num_nans_cpu", "_num_nans_cpu")],
+}
+
+
+@sweep_here
+@pytest.mark.parametrize("vllm, entry_id", sorted(RETRO_WHEN_USED), ids=lambda v: str(v))
+def test_a_handled_drift_of_a_feature_is_named_once_its_drift_point_is_off(capsys, monkeypatch, wheel_cache, vllm,
+                                                                            entry_id):
+    wheel_or_skip("vllm", vllm)
+    wheel_or_skip("vllm-omni", "0.24.0")
+    code_on, on = _check_json(capsys, monkeypatch, vllm, "0.24.0")
+    handled = [f for f in on["import_drift"]["behaviour_drift"]["findings"] if f["handled_by"] == entry_id]
+    assert handled, f"{entry_id} handles nothing on vLLM {vllm} + vllm-omni 0.24.0"
+    code, off = _check_json(capsys, monkeypatch, vllm, "0.24.0", disabled=entry_id)
+    for entrypoint, kind, obj, name in RETRO_WHEN_USED[(vllm, entry_id)]:
+        found = [f for f in _findings(off, entrypoint, "fails_when_used") if f["kind"] == kind
+                 and f["vllm_object"].endswith(obj) and name in f["names"]]
+        assert found, f"{entry_id} off: no {kind} drift of {obj} ({name}) under {entrypoint}"
+        assert all(f["effect"] in ("when_used", "stops_when") and f["site"].startswith("vllm_omni.") for f in found)
+        assert not [f for f in _findings(on, entrypoint, "fails_when_used") if f["kind"] == kind
+                    and f["vllm_object"].endswith(obj) and name in f["names"]]  # handled while it acts
+    assert code == code_on  # a feature that fails when used stops no start
+
+
 @sweep_here
 def test_the_serving_keyword_drift_is_named_as_what_an_llm_stage_server_loses(capsys, monkeypatch, wheel_cache):
     """vllm-omni 0.24.0 builds the chat / completion servings only `if "generate" in supported_tasks` (a model with
@@ -110,9 +151,12 @@ def test_the_serving_keyword_drift_is_named_as_what_an_llm_stage_server_loses(ca
     wheel_or_skip("vllm", "0.34.0")
     code, off = _check_json(capsys, monkeypatch, "0.34.0", "0.24.0", disabled="openai_serving_render_keyword")
     serve = off["import_drift"]["entrypoints"]["serve"]
-    conditional = [f for f in serve["fails_when_used"] if "openai_serving_render" in f["names"]]
+    conditional = [f for f in serve["fails_when_used"] if "openai_serving_render" in f["names"] and f["kind"] == "call"]
     assert {f["vllm_object"].rsplit(".", 2)[-2] for f in conditional} >= {"OpenAIServingChat", "OpenAIServingCompletion"}
     assert all(f["effect"] == "stops_when" and "generate" in f["when"] for f in conditional)
+    # and the attribute vllm-omni's chat serving reads on every request, which vLLM's no longer assigns
+    read = [f for f in serve["fails_when_used"] if f["kind"] == "attribute" and "openai_serving_render" in f["names"]]
+    assert read and all(f["effect"] == "when_used" and "OmniOpenAIServingChat" in f["plugin_object"] for f in read)
     assert any("openai_serving_render" in text for text in serve["left_out"].values())
     assert code == 0 and serve["status"] == "works_with_vllm_compat"
 

@@ -228,3 +228,22 @@ def test_the_kept_patterns_judge_findings_as_the_drift_points_do():
     asked, kept = drift_handler(patched), drift_handler(patched, handles)
     assert [kept(f) for f in findings] == [asked(f) for f in findings]
     assert kept(findings[-1]) is None and all(kept(f) is not None for f in findings[:-1])
+
+
+def test_key_keeps_across_a_reinstall_of_the_same_vllm_compat(tmp_path, monkeypatch):
+    """``pip install .`` of the same version writes the same bytes at new mtimes (and maybe another path): the
+    key stays, so the warm answer does (issue 39: 12.3 s after a reinstall when the key held the mtimes)."""
+    import shutil
+
+    roots = _installed_like(tmp_path)
+    key = fact_cache.installed_key(roots)
+    copy = tmp_path / "reinstalled" / "vllm_compat"
+    shutil.copytree(fact_cache._OWN_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in copy.rglob("*.py"):
+        os.utime(path, ns=(1, 1_000_000_000))  # another install's mtimes
+    monkeypatch.setattr(fact_cache, "_OWN_ROOT", str(copy))
+    assert fact_cache.installed_key(roots) == key
+    assert fact_cache.files_key("wheel-pair", "x", "y") == fact_cache.files_key("wheel-pair", "x", "y")
+    first = next(copy.rglob("*.py"))
+    first.write_bytes(first.read_bytes() + b"# edited\n")
+    assert fact_cache.installed_key(roots) != key

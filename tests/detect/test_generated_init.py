@@ -1,6 +1,6 @@
 """Generated constructors (``vllm_compat.detect.generated_init``): what a dataclass, a pydantic dataclass, a
-``dataclass_transform`` decorator (vLLM's ``@config``), a ``msgspec.Struct``, a ``NamedTuple`` or a ``TypedDict``
-accepts, read from the class body.
+``dataclass_transform`` decorator (vLLM's ``@config``), a ``msgspec.Struct``, a ``NamedTuple``, a ``TypedDict`` or a
+pydantic ``BaseModel`` accepts, read from the class body.
 
 Expected values come from Python: the small tree's classes are built by the real ``dataclasses``, pydantic and
 msgspec, and each call either raises or not; the installed vLLM's classes that vllm-omni builds are compared with
@@ -28,7 +28,7 @@ HOST = """
     from typing import ClassVar, NamedTuple, TypedDict
 
     import msgspec
-    from pydantic import ConfigDict, Field
+    from pydantic import BaseModel, ConfigDict, Field, model_validator
     from pydantic.dataclasses import dataclass as pydantic_dataclass
     from typing_extensions import dataclass_transform
 
@@ -130,6 +130,30 @@ HOST = """
 
     class Prompt(TypedDict):
         text: str
+
+
+    class ApiModel(BaseModel):  # vLLM's OpenAIBaseModel: extras allowed, a wrap validator that only looks
+        model_config = ConfigDict(extra="allow")
+
+        @model_validator(mode="wrap")
+        @classmethod
+        def log_extra(cls, data, handler):
+            result = handler(data)
+            return result
+
+
+    class Delta(ApiModel):
+        role: str | None = None
+        content: str
+        _private: int = 0
+        _secret: int  # a private attribute, no field: never required
+        tags: list = Field(default_factory=list)
+
+
+    class Closed(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        x: int
+        y: int | None
     """
 CALLS = (
     "Tensor(1, 2)", "Tensor(size=1, layers=2, offset=3, strict=True)", "Tensor(1, 2, 3, True)",
@@ -140,6 +164,8 @@ CALLS = (
     "Loose(1, z=2)", "Loose()", "Strict(1, z=2)", "Settings(x=1, y=2)", "Settings(x=1, z=2)",
     "OpenSettings(x=1, z=2)", "Event(1, b=2)", "Event(1, c=2)", "Later(1, c=2)", "Later(1, 2, 3)",
     "Pair(1)", "Pair(1, 2, 3)", "Prompt(text='t', other=1)",
+    "Delta(content='a')", "Delta(role='r')", "Delta(content='a', other=1)", "Delta('a')",
+    "Closed(x=1, y=None)", "Closed(x=1)", "Closed(x=1, y=2, z=3)",
 )
 
 
@@ -166,7 +192,7 @@ def test_each_generated_constructor_binds_as_python_builds_the_class(tmp_path):
     failing = _runtime_failures()
     assert "Tensor(size=1, shared_by=2)" in failing and "Tensor(1, 2)" not in failing  # the oracle is alive
     header = ["from vllm.api import (Tensor, Options, Plain, NoInit, Manual, WithInitVar, Loose, Strict, Settings,",
-              "                      OpenSettings, Event, Later, Pair, Prompt)", "", "", "def start():"]
+              "                      OpenSettings, Event, Later, Pair, Prompt, Delta, Closed)", "", "def start():"]
     plugin = write_tree(tmp_path / "plugin", {
         "vllm_omni/__init__.py": "", "vllm_omni/entrypoints/__init__.py": "",
         "vllm_omni/entrypoints/omni.py": "\n".join(header + [f"    {call}" for call in CALLS]) + "\n"})
@@ -181,7 +207,7 @@ def test_each_generated_constructor_binds_as_python_builds_the_class(tmp_path):
 def test_what_the_files_cannot_tell_is_undecidable_never_a_fit(tmp_path):
     host = write_tree(tmp_path / "host", {"vllm/__init__.py": "", "vllm/api.py": """
         from dataclasses import dataclass
-        from pydantic import Field, model_validator
+        from pydantic import BaseModel, Field, model_validator
         from pydantic.dataclasses import dataclass as pydantic_dataclass
         from torch.nn import Module
 
@@ -201,9 +227,22 @@ def test_what_the_files_cannot_tell_is_undecidable_never_a_fit(tmp_path):
             @classmethod
             def fill(cls, data):
                 return data
+
+        class Reshaped(BaseModel):  # a wrap validator that changes what it hands on
+            x: int
+
+            @model_validator(mode="wrap")
+            @classmethod
+            def fill(cls, data, handler):
+                data = {"x": 1, **data}
+                return handler(data)
+
+        class AliasedModel(BaseModel):
+            x: int = Field(alias="X")
         """})
     model = CodeModel(host, host)
-    for name, why in (("FromElsewhere", "Module"), ("Aliased", "alias"), ("Validated", "before")):
+    for name, why in (("FromElsewhere", "Module"), ("Aliased", "alias"), ("Validated", "before"),
+                      ("Reshaped", "before"), ("AliasedModel", "alias")):
         init, reason = model.constructor(model.resolve("vllm.api", name))
         assert init is None and why in reason, (name, reason)
 

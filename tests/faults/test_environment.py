@@ -60,8 +60,11 @@ def test_report_can_be_called_twice_and_says_the_same():
 def test_vllm_not_installed_doctor_still_works_and_says_so(tmp_path):
     site = _support.isolated_site(tmp_path / "site", exclude=("vllm", "vllm_omni", "vllm-omni"))
     out = result_of(run_isolated(REPORT, site, args=["--runtime"]))
-    assert out["static_code"] == 0 and out["runtime_code"] == 0
+    # nothing to judge (docs/cli.md's exit codes): neither works (0) nor fails (1)
+    assert out["static_code"] == 3 and out["runtime_code"] == 3
+    assert "verdict: NOTHING TO JUDGE: vLLM and vllm-omni are not installed here." in out["static_table"]
     for report in (out["static"], out["runtime"]):
+        assert report["verdict"]["kind"] == "nothing_to_judge" and report["exit_code"] == 3
         assert report["vllm"]["version"] is None and report["vllm"]["level"] == "absent"
         assert report["vllm_omni"]["loader_kind"] == "absent"
         assert report["patches"][0]["action"] == "pending"
@@ -74,7 +77,8 @@ def test_vllm_omni_not_installed(tmp_path):
         pytest.skip("vLLM is not installed in this env")
     site = _support.isolated_site(tmp_path / "site", exclude=("vllm_omni", "vllm-omni"))
     out = result_of(run_isolated(REPORT, site, args=["--runtime"]))
-    assert out["static_code"] == 0 and out["runtime_code"] == 0, out
+    assert out["static_code"] == 3 and out["runtime_code"] == 3, out  # nothing to judge without vllm-omni
+    assert "verdict: NOTHING TO JUDGE: vllm-omni is not installed here." in out["static_table"]
     assert out["static"]["vllm"]["version"] == VLLM_VERSION
     for report in (out["static"], out["runtime"]):
         assert report["vllm_omni"]["version"] is None and report["vllm_omni"]["loader_kind"] == "absent"

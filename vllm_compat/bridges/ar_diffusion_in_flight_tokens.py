@@ -107,6 +107,7 @@ STAND_IN = NoTokensInFlight()  # one object, so a revert and a second apply put 
 
 class ARDiffusionInFlightTokens(ClassAttributeStandIn):
     class_name, name, stand_in = CLASS_NAME, NAME, STAND_IN
+    handles_drift = (("attribute", f"*.{NAME}", f"*.{CLASS_NAME}", NAME),)
 
     def detect_static(self, site) -> InFlightTokensFacts:
         return facts_of(site.vllm_tree, site.omni_tree)

@@ -254,6 +254,8 @@ def _bookkeeping_sync(self, *args, **kwargs):
 # ---- the drift point ----
 
 class ARRunnerBookkeepingSync(DriftPoint):
+    handles_drift = (("unpack", "*.GPUModelRunner._bookkeeping_sync", "*.GPUARModelRunner.sample_tokens", "*"),)
+
     def detect_static(self, site) -> BookkeepingFacts:
         return facts_of(site.vllm_tree, site.omni_tree)
 

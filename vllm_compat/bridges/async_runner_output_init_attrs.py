@@ -186,6 +186,8 @@ def facts_of(vllm_tree, omni_tree) -> InitAttrsFacts:
 # ---- the drift point ----
 
 class AsyncRunnerOutputInitAttrs(DriftPoint):
+    handles_drift = (("attribute", "*.AsyncGPUModelRunnerOutput.*", "*.OmniAsyncGPUModelRunnerOutput", "*"),)
+
     def detect_static(self, site) -> InitAttrsFacts:
         return facts_of(site.vllm_tree, site.omni_tree)
 

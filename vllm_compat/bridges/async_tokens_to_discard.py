@@ -102,6 +102,8 @@ COUNTER_DEFAULT = CounterDefault()  # one object each, so a revert and a second 
 
 
 class AsyncTokensToDiscard(DriftPoint):
+    handles_drift = (("unread", "*.Request.async_tokens_to_discard", "*", "async_tokens_to_discard"),)
+
     def detect_static(self, site) -> DiscardFacts:
         return facts_of(site.vllm_tree, site.omni_tree)
 

@@ -191,6 +191,8 @@ def method_shape_problem(function) -> str | None:
 
 
 class MmHasherAlgorithm(DriftPoint):
+    handles_drift = (("call", "*.MultiModalHasher.hash_kwargs", "*._ensure_stage_replica_mm_uuids", "algorithm"),)
+
     def detect_static(self, site) -> HasherAlgorithmFacts:
         return HasherAlgorithmFacts(vllm_shape_from_source(site.vllm_tree.read(HASHER_FILE)),
                                     omni_shape_from_source(site.omni_tree.read(ENGINE_FILE)))

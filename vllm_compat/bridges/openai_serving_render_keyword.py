@@ -132,7 +132,10 @@ def needs_adapting(cls) -> bool:
 
 
 class OpenAIServingRenderKeyword(DriftPoint):
-    handles_drift = (("call", "*", "*", "openai_serving_render"),)
+    handles_drift = (("call", "*", "*", "openai_serving_render"),
+                     # the attributes it sets on the servings it builds, which vLLM's no longer assign
+                     ("attribute", "*.openai_serving_render", "*", "openai_serving_render"),
+                     ("attribute", "*.tool_call_id_type", "*.OmniOpenAIServingChat", "tool_call_id_type"))
     def detect_static(self, site) -> ServingKeywordFacts:
         caller, names = callers_from_source(site.omni_tree.read(CALLER_FILE))
         if not names or not site.vllm_tree.has_package("vllm"):

@@ -90,6 +90,7 @@ STAND_IN = SkippedWaiting()  # one object, so a revert and a second apply put ba
 
 class SchedulerSkippedWaiting(ClassAttributeStandIn):
     class_name, name, stand_in = CLASS_NAME, NAME, STAND_IN
+    handles_drift = (("attribute", f"*.Scheduler.{NAME}", "*", NAME),)
 
     def detect_static(self, site) -> SkippedWaitingFacts:
         return facts_of(site.vllm_tree, site.omni_tree)

@@ -172,6 +172,8 @@ class ServeDisaggServingAdapter(ModuleAdapter):
     removed_in = "0.25"
     old_module = OLD_MODULE
     adapted = "ServingTokens"
+    # the class vllm-omni builds is the adapter, which supplies what vLLM's new __init__ requires (0.33+)
+    handles_drift = (("call", "*.ServingTokens.__init__", "*.omni_init_app_state", "online_derenderer"),)
     new_module, new_file, message = NEW_MODULE, NEW_FILE, MESSAGE
 
     def shape(self, source: str | None) -> tuple[str, str]:

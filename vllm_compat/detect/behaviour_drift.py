@@ -3,27 +3,40 @@ files of both, before either is installed.
 
 Import drift (``import_drift``) finds names that are gone. This finds what still imports but no longer fits:
 
-* ``call``: a call from vllm-omni into a vLLM function or class (``super().__init__`` and ``super().m`` too, the
-  constructor a vllm-omni class inherits from vLLM, and the one a vLLM dataclass or ``msgspec.Struct`` generates
-  from its fields, where a field was dropped) that no longer binds: a required parameter
-  added, a keyword renamed or removed, too many positionals (vLLM 0.25's ``setup_server(args, *, reuse_port)``);
-  and ``self.x.m(...)`` where ``self.x`` holds the vLLM class a base's ``__init__`` assigns it, whose ``m`` is gone
-  or no longer binds (a method of a manager a scheduler's base creates, removed);
-* ``abstract``: a vllm-omni class deriving a vLLM class that declares abstract methods it does not define: it
-  cannot be instantiated (vLLM 0.31 / 0.34's ``EngineClient``);
+* ``call``: a call from vllm-omni into a vLLM function or class (``super().__init__`` and ``super().m`` too, an
+  inherited vLLM method called on ``self``, the constructor a vllm-omni class inherits from vLLM, and the one a vLLM
+  dataclass, ``msgspec.Struct`` or pydantic ``BaseModel`` generates from its fields, where a field was dropped or
+  became required) that no longer binds: a required parameter added, a keyword renamed or removed, too many
+  positionals (vLLM 0.25's ``setup_server(args, *, reuse_port)``), a positional-only parameter a call through
+  ``**kwargs`` leaves empty; and ``x.a.m(...)`` where ``x.a`` holds a vLLM class (``self.a``: what a base's
+  ``__init__`` assigns; a parameter's or local's ``a``: what its class's ``__init__`` assigns) whose ``m`` is gone or
+  no longer binds (a method of a manager a scheduler's base creates, removed; a list that became an ``array``);
+* ``unpack``: ``a, b, c = f(...)`` where vLLM's ``f`` (an inherited method too) now returns a tuple of another
+  length;
+* ``abstract``: a vllm-omni class deriving a vLLM class that declares abstract methods it does not define, built by
+  vllm-omni or a leaf: it cannot be instantiated (vLLM 0.31 / 0.34's ``EngineClient``);
 * ``override``: a vllm-omni method overriding a vLLM one whose signature no longer accepts what the base declares,
   which is how vLLM calls it (``EngineClient.generate(..., session_id=)``, vLLM 0.28);
-* ``attribute``: an attribute vLLM's code reads from the objects vllm-omni hands it in place of its own (a vllm-omni
-  override returns them where the vLLM base returns vLLM's class) that vllm-omni's class does not define
-  (an attribute vLLM 0.26's completion serving reads from every request output, which vllm-omni's outputs lacked).
+* ``attribute``: an attribute read that finds nothing: vLLM's code reading it from the objects vllm-omni hands it in
+  place of its own (an override's return value, an adapter passed where vLLM annotates its own class) that
+  vllm-omni's class does not define (an attribute vLLM 0.26's completion serving reads from every request output,
+  which vllm-omni's outputs lacked); vllm-omni reading ``self.x`` that no class of the instance's assigns any more
+  (a vLLM base stopped); a vLLM method inherited by a vllm-omni class whose ``__init__`` skips vLLM's reading what
+  only that ``__init__`` sets;
+* ``unread``: an attribute vllm-omni sets on a vLLM object that nothing reads any more: the behaviour it asks for
+  is gone (it starts and runs, differently; a report line).
+
+What is read: every vllm-omni module an entrypoint's imports reach, and the modules of the classes vllm-omni names by
+their import path (``"pkg.mod.Cls"``) where their base is reached (``_add_loaded_by_name``).
 
 Differential: the same scan runs against the vLLM the vllm-omni release was made for (``own_vllm``) and only what
 is new on the target is reported, so the noise of untyped code (a call the reading gets wrong, on both) never is.
 Each finding is followed to the entrypoints whose modules reach its site (``entrypoints.ENTRYPOINTS``, as the
 import drift is), and, for ``override`` / ``attribute``, to the vLLM module that calls or reads (its request
-endpoint). A call with ``*args`` / ``**kwargs``, a constructor the files cannot tell (a pydantic ``BaseModel``, a
-base from a third package), a class with a ``__getattr__`` or a call through an attribute that holds an abstract
-class (whose subclass answers it) is counted as undecidable, never as a fit or a failure.
+endpoint). A call whose ``*args`` / ``**kwargs`` decide whether it binds, a constructor the files cannot tell (an
+alias or a validator that reshapes the arguments, a base from a third package), a class with a ``__getattr__``, a
+call through an attribute that holds an abstract class that does not take it as declared (whose subclass may) is
+counted as undecidable, never as a fit or a failure.
 
 Which drift point handles a finding is the drift points' answer (``DriftPoint.handles_drift``), not this module's.
 """
@@ -38,7 +51,7 @@ from ..entrypoints import called, entrypoints_of
 from .behaviour_findings import KINDS, BehaviourDrift, Finding  # noqa: F401 - the records, read from here too
 from .code_model import CodeModel, Definition, bound_params, dotted, signature, statements
 from .import_graph import plugin_graph
-from .model import render_params, why_call_fails, why_override_narrows
+from .model import render_params, why_call_fails, why_open_call_fails, why_override_narrows
 from .source_tree import SourceTree
 
 _SKIPPED_OVERRIDES = frozenset({"__init__", "__new__", "__post_init__", "__init_subclass__", "__class_getitem__"})
@@ -48,7 +61,7 @@ _SKIPPED_OVERRIDES = frozenset({"__init__", "__new__", "__post_init__", "__init_
 
 
 def _walk(body, cls=None, func=None, cond=""):
-    """``(node, enclosing top-level class, enclosing function name, condition)`` for every node under ``body``;
+    """``(node, enclosing top-level class, enclosing function (the def), condition)`` for every node under ``body``;
     ``condition`` is the test of the innermost ``if`` (statement or expression) or ``except`` of the enclosing
     function that the node runs under ("" where it runs whenever the function does)."""
     for node in body:
@@ -56,7 +69,7 @@ def _walk(body, cls=None, func=None, cond=""):
         if isinstance(node, ast.ClassDef):
             yield from _walk(node.body, node if cls is None and func is None else cls, func, "")
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield from _walk(node.body, cls, node.name if func is None else func, "" if func is None else cond)
+            yield from _walk(node.body, cls, node if func is None else func, "" if func is None else cond)
             yield from _walk(node.decorator_list + [a for a in node.args.defaults], cls, func, cond)
         elif isinstance(node, (ast.If, ast.IfExp)) and func is not None:
             test = _short(ast.unparse(node.test))
@@ -98,6 +111,11 @@ class _Scan:
         self.held: dict[str, dict[str, Definition]] = {}  # plugin class -> {self attribute: plugin class}
         self.classes: list[Definition] = []  # the plugin's top-level classes in the modules read
         self.owners: dict = {}  # (vLLM module, class) -> (plugin subclasses, self-callers, methods decided)
+        self.built: set[str] = set()  # the plugin classes its functions build (``Cls(...)``): instantiated
+        self.reported: set[tuple] = set()  # (plugin class, vLLM object) of the attribute findings made
+        self.writes: dict[str, list[tuple]] = {}  # attribute -> where vllm-omni sets it on a vLLM object (_write)
+        self.subclasses: dict[str, list[Definition]] | None = None  # class path -> plugin classes deriving it
+        self.memo: dict = {}  # per class / method node: _sets_by_name's and _self_reads' answers
 
     def run(self) -> list[Finding]:
         trees = {module: tree for module in sorted(self.modules)
@@ -110,11 +128,57 @@ class _Scan:
                 if isinstance(node, ast.Call):
                     self._call(module, node, cls, func, cond)
                     if func is not None:
-                        self._edge(module, node, cls, func, cond)
+                        self._edge(module, node, cls, func.name, cond)
+                elif isinstance(node, ast.Assign):
+                    self._unpack(module, node, cls, func, cond)
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and func is not None:
+                    self._write(module, node, cls, func, cond)
         parents = {base.path for c in classes for base in self.model.mro(c)[1:] if isinstance(base, Definition)}
         for cls in classes:
-            self._class(cls, is_leaf=cls.path not in parents)
+            self._class(cls, is_leaf=cls.path not in parents or cls.path in self.built)
+        self._unread()
         return self.findings
+
+    # ------------------------------------------------------------------------------------------ writes
+
+    def _write(self, module: str, node, cls, func, cond: str) -> None:
+        """Record ``x.<attribute> = ...`` where ``x`` is a parameter or local holding a vLLM class (or a vllm-omni
+        subclass of one): state vllm-omni hands to vLLM through its object (``_unread`` decides)."""
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        types = None
+        for target in targets:
+            if not isinstance(target, ast.Attribute) or not isinstance(target.value, ast.Name) \
+                    or target.value.id in ("self", "cls"):
+                continue
+            types = self.model.local_types(module, cls, func) if types is None else types
+            held = types.get(target.value.id)
+            host = next((c for c in self.model.mro(held) if isinstance(c, Definition) and c.side == "host"), None) \
+                if held is not None else None
+            if host is not None:
+                self.writes.setdefault(target.attr, []).append((host, module, cls, func, node.lineno, cond))
+
+    def _unread(self) -> None:
+        """``unread``: an attribute vllm-omni sets on a vLLM object (``_write``) that no file of either package reads
+        (``.name`` other than as an assignment's target, or ``"name"`` for ``getattr``): the write changes nothing.
+        Against vllm-omni's own vLLM, which read it, only what vLLM stopped reading is new: a behaviour vllm-omni
+        asks for that vLLM no longer has (it starts and runs, differently)."""
+        if not self.writes:
+            return
+        names = "|".join(sorted(map(re.escape, self.writes)))
+        read = re.compile(rf"""\.({names})\b(?!\s*=(?!=))|["']({names})["']""")
+        seen: set[str] = set()
+        for side in ("plugin", "host"):
+            for _, text in self.model.texts(side):
+                if any(name in text for name in self.writes.keys() - seen):
+                    seen.update(a or b for a, b in read.findall(text))
+                if seen >= self.writes.keys():
+                    return
+        for attribute in sorted(self.writes.keys() - seen):
+            for host, module, cls, func, line, cond in self.writes[attribute][:1]:
+                self.checked += 1
+                self._add("unread", f"{host.path}.{attribute}", _where(module, cls, func), module, line,
+                          f"sets .{attribute} on a {host.name}, which nothing reads any more (neither vLLM nor "
+                          f"vllm-omni): what it asks of vLLM no longer happens", (attribute,), condition=cond)
 
     # ------------------------------------------------------------------------------------ startup paths
 
@@ -149,6 +213,8 @@ class _Scan:
                 _add_edge(targets, passed.path, cond)  # a class handed over is not built (isinstance(x, Cls))
         if isinstance(found, Definition) and found.side == "plugin":
             _add_edge(targets, found.path, cond)
+            if found.is_class:
+                self.built.add(found.path)
             init = self.model.constructor(found)[0] if found.is_class else None
             if init is not None and init.side == "plugin":
                 _add_edge(targets, init.path, cond)
@@ -226,6 +292,17 @@ class _Scan:
                     self.undecidable += 1
                 return None, ""
             return (target, f"super().{func.attr}") if target.side == "host" else (None, "")
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls") \
+                and cls is not None:
+            # an inherited vLLM method called on the instance (a subclass's override of it is vllm-omni's own)
+            here = Definition("plugin", module, cls.name, cls)
+            target = self.model.member(here, func.attr)
+            if target is None or target.side != "host" or self._overridden_by_plugin(here, func.attr):
+                return None, ""
+            if func.value.id == "cls" and not {(dotted(d) or "").rsplit(".", 1)[-1] for d in
+                                               target.node.decorator_list} & {"staticmethod", "classmethod"}:
+                return None, ""
+            return target, f"{func.value.id}.{func.attr}"
         written = dotted(func)
         if written is None or written.split(".")[0] in ("self", "cls", "super"):
             return None, ""
@@ -257,9 +334,23 @@ class _Scan:
         if self.model.abstract_left(holder)[0] or any(
                 c in ("Protocol", "typing.Protocol", "typing_extensions.Protocol") for c in self.model.mro(holder)):
             return True
+        return self._overridden_by_plugin(holder, method)
+
+    def _overridden_by_plugin(self, holder: Definition, method: str) -> bool:
+        """Whether a vllm-omni subclass of ``holder`` defines ``method`` (what an attribute typed ``holder`` holds may
+        be that subclass)."""
         return any((found := self.model.member(c, method)) is not None and found.side == "plugin"
-                   for c in self.classes if any(isinstance(b, Definition) and b.path == holder.path
-                                                for b in self.model.mro(c)[1:]))
+                   for c in self._subclasses(holder))
+
+    def _subclasses(self, holder: Definition) -> list[Definition]:
+        """The vllm-omni classes read whose walk has ``holder`` after themselves."""
+        if self.subclasses is None:
+            self.subclasses = {}
+            for c in self.classes:
+                for b in self.model.mro(c)[1:]:
+                    if isinstance(b, Definition):
+                        self.subclasses.setdefault(b.path, []).append(c)
+        return self.subclasses.get(holder.path, [])
 
     def _names_host(self, module: str, written: str) -> bool:
         binding = self.model.bindings(module).get(written.split(".")[0])
@@ -272,15 +363,24 @@ class _Scan:
             target, written = self._callee(module, node, cls)
         if target is None:
             return
-        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
-            self.undecidable += 1
-            return
         params = bound_params(target.node) if "." in target.name else signature(target.node)
         if params is None:
             return
+        keywords = tuple(k.arg for k in node.keywords if k.arg is not None)
+        star_args = any(isinstance(a, ast.Starred) for a in node.args)
+        star_kwargs = any(k.arg is None for k in node.keywords)
+        positional = sum(1 for a in node.args if not isinstance(a, ast.Starred))
+        if star_args or star_kwargs:
+            why, decided = why_open_call_fails(params, positional, keywords, star_args, star_kwargs,
+                                               _positional_only(target, params))
+            decided = decided or _forwards(node, func, target)  # passes on what vLLM called the override with
+            if not decided:
+                self.undecidable += 1
+                return
+        else:
+            why = why_call_fails(params, positional, keywords)
         self.checked += 1
-        keywords = tuple(k.arg for k in node.keywords)
-        why = why_call_fails(params, len(node.args), keywords)
+        self._arguments(module, node, cls, func, target, params)
         if why is None:
             return
         names = _names_in(why, params, keywords)
@@ -289,39 +389,144 @@ class _Scan:
                   call_shape=_call_shape(node))
 
     def _held_callee(self, module: str, node: ast.Call, cls, func, cond: str) -> tuple[Definition | None, str]:
-        """For ``self.<attribute>.<method>(...)`` where ``self.<attribute>`` holds a vLLM class (the one a vLLM
-        base's ``__init__`` assigns it: ``CodeModel.attribute_class``): (the vLLM method it binds against, how
-        vllm-omni writes the call). (None, "") for any other call, and where this decides it here: a method the
-        class does not have is a finding; an abstract holder, or one whose bases the files cannot read, is
-        undecidable; a vllm-omni method is not a call into vLLM."""
+        """For ``<name>.<attribute>.<method>(...)`` where ``<name>.<attribute>`` holds a vLLM class (``self``: the one
+        a vLLM base's ``__init__`` assigns it; a parameter or local of a known class: the one that class's methods
+        assign: ``CodeModel.attribute_class``): (the vLLM method it binds against, how vllm-omni writes the call).
+        (None, "") for any other call, and where this decides it here: a method the class does not have is a finding
+        (a class deriving one of the standard library's answers from it: ``CodeModel.outside_has``); an abstract
+        holder, one whose bases the files cannot read, or an attribute a vllm-omni subclass of a vLLM class assigns
+        too is undecidable; a vllm-omni method is not a call into vLLM."""
         callee = node.func
-        if cls is None or not isinstance(callee, ast.Attribute) or not isinstance(callee.value, ast.Attribute) \
-                or not isinstance(callee.value.value, ast.Name) or callee.value.value.id != "self":
+        if func is None or not isinstance(callee, ast.Attribute) or not isinstance(callee.value, ast.Attribute) \
+                or not isinstance(callee.value.value, ast.Name):
             return None, ""
-        attribute, method = callee.value.attr, callee.attr
-        holder = self.model.attribute_class(Definition("plugin", module, cls.name, cls), attribute)
+        name, attribute, method = callee.value.value.id, callee.value.attr, callee.attr
+        if name == "self":
+            if cls is None:
+                return None, ""
+            owner = Definition("plugin", module, cls.name, cls)
+        else:
+            owner = self.model.local_types(module, cls, func).get(name)
+            if owner is None or name in ("cls", "super"):
+                return None, ""
+            if owner.side == "host" and any(attribute in self.model.own_attributes(c) for c in self._subclasses(owner)):
+                self.undecidable += 1  # vllm-omni's subclass, which the object may be, sets it its own way
+                return None, ""
+        holder = self.model.attribute_class(owner, attribute)
         host = next((c for c in self.model.mro(holder) if isinstance(c, Definition) and c.side == "host"), None) \
             if holder is not None else None
         if host is None:
             return None, ""
-        written = f"self.{attribute}.{method}"
-        if self._may_hold_a_subclass(holder, method):
-            self.undecidable += 1
-            return None, ""
+        written = f"{name}.{attribute}.{method}"
         target = self.model.member(holder, method)
+        if self._may_hold_a_subclass(holder, method):
+            # a subclass answers: a call that binds to what the abstract class declares binds to its implementations
+            # (they take at least that); one that does not may still bind to the one the object is
+            params = bound_params(target.node) if target is not None and target.side == "host" else None
+            if params is None or any(isinstance(a, ast.Starred) for a in node.args) or any(
+                    k.arg is None for k in node.keywords) or why_call_fails(
+                    params, len(node.args), tuple(k.arg for k in node.keywords)) is not None \
+                    or self._overridden_by_plugin(holder, method):
+                self.undecidable += 1
+                return None, ""
         if target is not None:
             return (target, written) if target.side == "host" else (None, "")
         names, complete = self.model.instance_attributes(holder)
         if method in names:
             return None, ""  # an attribute, not a method the files define: its call is not read
         if not complete:
-            self.undecidable += 1
-            return None, ""
+            outside = self.model.outside_has(holder, method) if "__getattr__" not in names else None
+            if outside is None:
+                self.undecidable += 1
+            if outside is not False:
+                return None, ""
         self.checked += 1
         self._add("call", f"{host.path}.{method}", _where(module, cls, func), module, node.lineno,
-                  f"{written}(...): {holder.name} (what self.{attribute} holds) has no method {method}", (method,),
+                  f"{written}(...): {holder.name} (what {name}.{attribute} holds) has no method {method}", (method,),
                   condition=cond, call_shape=_call_shape(node))
         return None, ""
+
+    def _arguments(self, module: str, node: ast.Call, cls, func, target: Definition, params) -> None:
+        """Attributes vLLM's ``target`` reads from a parameter it annotates with a vLLM class, where vllm-omni passes
+        an object of a vllm-omni class that does not derive it (a duck-typed stand-in: an adapter that plays a
+        vLLM request) and that defines no such attribute, while vLLM's class does."""
+        types = self.model.local_types(module, cls, func) if func is not None else {}
+        if not types or not isinstance(target.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return
+        leading = [p.name for p in params if p.kind == "positional"]
+        passed = [(leading[i], a) for i, a in enumerate(node.args) if i < len(leading)
+                  and not any(isinstance(b, ast.Starred) for b in node.args[: i + 1])]
+        passed += [(k.arg, k.value) for k in node.keywords if k.arg is not None]
+        annotations = {a.arg: a.annotation for a in (*target.node.args.posonlyargs, *target.node.args.args,
+                                                     *target.node.args.kwonlyargs)}
+        for param, argument in passed:
+            ours = types.get(argument.id) if isinstance(argument, ast.Name) and argument.id != "self" else None
+            if ours is None or ours.side != "plugin" or annotations.get(param) is None:
+                continue
+            expected = self.model._annotated_class(target.module, annotations[param])
+            if not isinstance(expected, Definition) or expected.side != "host" or any(
+                    isinstance(b, Definition) and b.path == expected.path for b in self.model.mro(ours)):
+                continue
+            theirs, _ = self.model.instance_attributes(expected)
+            has, complete = self.model.instance_attributes(ours)
+            if not complete:
+                self.undecidable += 1
+                continue
+            for read in ast.walk(target.node):
+                if isinstance(read, ast.Attribute) and isinstance(read.ctx, ast.Load) \
+                        and isinstance(read.value, ast.Name) and read.value.id == param \
+                        and read.attr in theirs and read.attr not in has \
+                        and (ours.path, f"{expected.path}.{read.attr}") not in self.reported:
+                    self.reported.add((ours.path, f"{expected.path}.{read.attr}"))
+                    self._add("attribute", f"{expected.path}.{read.attr}", ours.path, ours.module, ours.node.lineno,
+                              f"vLLM's {target.name} reads .{read.attr} ({target.module}:{read.lineno}) from the "
+                              f"{ours.name} vllm-omni passes as its {param} in place of {expected.name}, which does "
+                              f"not define it (in {_where(module, cls, func)}:{node.lineno})", (read.attr,),
+                              target.module)
+
+    def _unpack(self, module: str, node: ast.Assign, cls, func, cond: str) -> None:
+        """``a, b, c = f(...)`` where ``f`` is a vLLM function or method (an inherited ``self.m``, ``super().m``, a
+        function or a class's static method) whose every ``return`` gives a tuple of one other length: unpacking
+        it raises ValueError."""
+        target = node.targets[0] if len(node.targets) == 1 else None
+        if not isinstance(target, (ast.Tuple, ast.List)) or not isinstance(node.value, ast.Call) \
+                or any(isinstance(e, ast.Starred) for e in target.elts):
+            return
+        callee, written = self._returning(module, node.value, cls)
+        arities = _returned_arities(callee.node) if callee is not None else None
+        if not arities or len(arities) != 1:
+            return
+        (arity,) = arities
+        self.checked += 1
+        if arity == len(target.elts):
+            return
+        self._add("unpack", callee.path, _where(module, cls, func), module, node.lineno,
+                  f"{len(target.elts)} values unpacked from {written}(...), which returns {arity}",
+                  (callee.name.rsplit(".", 1)[-1],), condition=cond, call_shape=str(len(target.elts)))
+
+    def _returning(self, module: str, call: ast.Call, cls) -> tuple[Definition | None, str]:
+        """The vLLM def a call's value comes from, for ``_unpack`` (None where it is not one, or may be vllm-omni's
+        override on a subclass the object is)."""
+        func = call.func
+        here = Definition("plugin", module, cls.name, cls) if cls is not None else None
+        found = None
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" \
+                and here is not None:
+            found = self.model.member(here, func.attr)
+            if found is not None and self._may_hold_a_subclass(here, func.attr):
+                return None, ""
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call) \
+                and dotted(func.value.func) == "super" and here is not None:
+            found = self.model.member(here, func.attr, after=here)
+        elif (written := dotted(func)) is not None and written.split(".")[0] not in ("self", "cls", "super"):
+            resolved = self.model.resolve_expr(module, written)
+            if isinstance(resolved, Definition) and not resolved.is_class and ("." not in resolved.name or {
+                    (dotted(d) or "").rsplit(".", 1)[-1] for d in resolved.node.decorator_list} & {
+                    "staticmethod", "classmethod"}):
+                found = resolved
+        if not isinstance(found, Definition) or found.side != "host" or found.is_class:
+            return None, ""
+        return found, ast.unparse(func)
 
     # ------------------------------------------------------------------------------------------ classes
 
@@ -355,6 +560,81 @@ class _Scan:
                           f"{cls.name}.{name} {why}, which vLLM's base declares"
                           + (f" and {via} passes" if via else ""), (param,), via)
             self._stand_in(cls, base, method)
+        self._unset(cls, walk)
+
+    def _cached(self, function, node):
+        key = (function.__name__, id(node))
+        if key not in self.memo:
+            self.memo[key] = function(node)
+        return self.memo[key]
+
+    def _unset(self, cls: Definition, walk) -> None:
+        """Attributes read from ``self`` of a vllm-omni class deriving a vLLM class that its instances never get:
+
+        * read by vllm-omni's own methods (its class's or a vllm-omni base's) where no class on the walk assigns,
+          declares or defines them any more (a vLLM base's ``__init__`` stopped assigning one);
+        * read by a vLLM method it inherits where only an ``__init__`` it never runs assigns them: a vllm-omni
+          ``__init__`` on the way that calls neither ``super().__init__`` nor the base's, so every ``__init__``
+          after it on the walk is skipped.
+
+        A read under ``hasattr(self, name)`` / ``getattr(self, name, default)`` in the same function is not one; a
+        walk the files cannot read whole, or a class that sets attributes by name (``setattr(self, ...)``,
+        ``self.__dict__``, ``__getattr__``), is left alone."""
+        classes = [c for c in walk if isinstance(c, Definition)]
+        if any(not isinstance(c, Definition) and c not in _TRIVIAL for c in walk) or any(
+                self._cached(_sets_by_name, c.node) for c in classes):
+            return
+        skipped = _skipped_inits(self.model, cls, walk)
+        has: set[str] = set()
+        init_only: dict[str, Definition] = {}  # attribute -> the skipped __init__'s class that alone assigns it
+        for c in classes:
+            own = self.model.own_attributes(c)
+            if c.path in skipped:
+                rest = _assigned_outside_init(c.node)
+                for name in own - rest:
+                    init_only.setdefault(name, c)
+                own = rest
+            has |= own
+        if "__getattr__" in has or "__getattribute__" in has:
+            return
+        first_host = next(c for c in classes if c.side == "host")
+        running = {}  # (method name, class) -> the def that runs: the first on the walk, and vLLM's under super()
+        extended = {name for c in classes if c.side == "plugin" for name, m in self.model.methods(c).items()
+                    if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
+                           and isinstance(n.func.value, ast.Call) and dotted(n.func.value.func) == "super"
+                           for n in ast.walk(m))}
+        seen: set[str] = set()
+        for c in classes:
+            for name in self.model.methods(c):
+                if name not in seen or (c.side == "host" and name in extended):
+                    running[(name, c.path)] = c
+                seen.add(name)
+        for (name, _), owner in sorted(running.items()):
+            method = self.model.methods(owner)[name]
+            if owner.side == "host" and not init_only:
+                continue
+            for attribute, line in self._cached(_self_reads, method):
+                if attribute.startswith("__") and attribute.endswith("__"):
+                    continue  # every object's (__class__, __dict__)
+                if attribute in has:
+                    continue
+                if owner.side == "host" and attribute not in init_only:
+                    continue  # vLLM's own business, as on its own classes
+                where = init_only.get(attribute, first_host)
+                key = (cls.path, f"{where.path}.{attribute}")
+                if key in self.reported:
+                    continue
+                self.reported.add(key)
+                if attribute in init_only:
+                    detail = (f"vLLM's {owner.name}.{name} ({owner.module}:{line}) reads self.{attribute}, which only "
+                              f"{where.name}.__init__ assigns, and {cls.name} never runs that __init__")
+                else:
+                    detail = (f"{owner.name}.{name} reads self.{attribute} ({owner.module}:{line}), which no class of "
+                              f"{cls.name}'s (vLLM's {first_host.name} included) assigns or defines")
+                self._add("attribute", f"{where.path}.{attribute}", cls.path,
+                          owner.module if owner.side == "plugin" else cls.module,
+                          line if owner.side == "plugin" else cls.node.lineno, detail, (attribute,),
+                          owner.module if owner.side == "host" else None)
 
     def _host_sources(self, needle: str):
         """``(host module, parsed)`` of the vLLM modules the plugin imports whose text holds ``needle``."""
@@ -457,14 +737,141 @@ class _Scan:
                               (attribute,), module)
 
 
-def _where(module: str, cls, func: str | None) -> str:
-    """The dotted vllm-omni function a site is in (``module.Cls.method``)."""
-    return ".".join(p for p in (module, cls.name if cls is not None else None, func) if p)
+def _where(module: str, cls, func) -> str:
+    """The dotted vllm-omni function a site is in (``module.Cls.method``; ``func`` a def or its name)."""
+    name = getattr(func, "name", func)
+    return ".".join(p for p in (module, cls.name if cls is not None else None, name) if p)
 
 
 def _call_shape(node: ast.Call) -> str:
     """What a call passes, "<positionals>:<keywords>" (``Finding.call_shape``)."""
     return f"{len(node.args)}:{','.join(sorted(k.arg or '**' for k in node.keywords))}"
+
+
+_TRIVIAL = frozenset({"object", "ABC", "abc.ABC", "Generic", "typing.Generic", "Protocol", "typing.Protocol"})
+
+
+def _sets_by_name(cls_node) -> bool:
+    """Whether a class body sets instance attributes by name: ``setattr(self, ...)``, ``self.__dict__``,
+    ``vars(self)``, ``__slots__``-free tricks the files cannot follow."""
+    for node in ast.walk(cls_node):
+        if isinstance(node, ast.Call) and dotted(node.func) in ("setattr", "vars", "object.__setattr__") and \
+                node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self":
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "__dict__" and isinstance(node.value, ast.Name) \
+                and node.value.id == "self":
+            return True
+    return False
+
+
+def _skipped_inits(model: CodeModel, cls: Definition, walk) -> set[str]:
+    """The classes on ``cls``'s walk whose ``__init__`` never runs for an instance of it: those after a vllm-omni
+    ``__init__`` that calls neither ``super().__init__`` nor a base's ``X.__init__(self, ...)`` (all of them), or
+    between it and the base whose ``__init__`` it calls by name. vLLM's own ``__init__`` methods are taken to chain as
+    written in vLLM; an ``__init__`` calling several, or one the files cannot follow, skips nothing known."""
+    with_init = [c for c in walk if isinstance(c, Definition) and "__init__" in model.methods(c)]
+    skipped: set[str] = set()
+    index = 0
+    while index < len(with_init) and with_init[index].side == "plugin":
+        current = with_init[index]
+        calls = [node for node in ast.walk(model.methods(current)["__init__"]) if isinstance(node, ast.Call)
+                 and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"]
+        if not calls:
+            return skipped | {c.path for c in with_init[index + 1:]}
+        if len(calls) > 1:
+            return skipped
+        value = calls[0].func.value
+        if isinstance(value, ast.Call) and dotted(value.func) == "super":
+            index += 1
+            continue
+        written = dotted(value)
+        resolved = model.resolve_expr(current.module, written) if written else None
+        paths = [c.path for c in with_init]
+        if not isinstance(resolved, Definition) or resolved.path not in paths[index + 1:]:
+            return skipped
+        target = paths.index(resolved.path)
+        skipped |= set(paths[index + 1: target])
+        index = target
+    return skipped
+
+
+def _assigned_outside_init(cls_node) -> set[str]:
+    """What a class defines for its instances other than through its ``__init__``: its methods, class-level names and
+    ``self.x = ...`` in its other methods."""
+    names = set()
+    for node in cls_node.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+            if node.name == "__init__":
+                continue
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Attribute) and isinstance(inner.ctx, ast.Store) \
+                        and isinstance(inner.value, ast.Name) and inner.value.id == "self":
+                    names.add(inner.attr)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def _self_reads(method) -> list[tuple[str, int]]:
+    """``(attribute, line)`` of each ``self.<attribute>`` a method reads or deletes, first read each, except those
+    it also asks ``hasattr(self, ...)`` / ``getattr(self, ..., default)`` about."""
+    asked = set()
+    for node in ast.walk(method):
+        if isinstance(node, ast.Call) and dotted(node.func) in ("hasattr", "getattr") and len(node.args) >= 2 \
+                and isinstance(node.args[0], ast.Name) and node.args[0].id == "self" \
+                and isinstance(node.args[1], ast.Constant):
+            asked.add(node.args[1].value)
+    found: dict[str, int] = {}
+    for node in ast.walk(method):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Load, ast.Del)) \
+                and isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr not in asked:
+            found.setdefault(node.attr, node.lineno)
+    return sorted(found.items(), key=lambda item: item[1])
+
+
+def _forwards(node: ast.Call, func, target: Definition) -> bool:
+    """Whether a call passes on its function's own ``*args`` / ``**kwargs`` (no other starred value) to the vLLM
+    method of the same name (``super().__init__(*args, **kwargs)`` in ``__init__``): what they hold is what vLLM
+    called the override with, which vLLM's own method takes (what the call passes besides is checked as usual)."""
+    if func is None or target.name.rsplit(".", 1)[-1] != func.name:
+        return False
+    own = {"*": func.args.vararg.arg if func.args.vararg else None,
+           "**": func.args.kwarg.arg if func.args.kwarg else None}
+    starred = [a.value for a in node.args if isinstance(a, ast.Starred)]
+    doubled = [k.value for k in node.keywords if k.arg is None]
+    return all(isinstance(v, ast.Name) and v.id == own["*"] for v in starred) and all(
+        isinstance(v, ast.Name) and v.id == own["**"] for v in doubled) and len(starred) <= 1 and len(doubled) <= 1
+
+
+def _positional_only(target: Definition, params) -> int:
+    """How many of ``params`` (the bound parameters of ``target``) are positional-only (``def f(a, /, **kw)``)."""
+    node = target.node
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return 0
+    dropped = len(signature(node)) - len(params)  # self / cls, bound
+    return max(0, len(node.args.posonlyargs) - dropped)
+
+
+def _returned_arities(func) -> set[int] | None:
+    """The lengths of the tuples a def's ``return`` statements give (its own, not those of nested defs); None where
+    one returns something else, nothing is returned, or it is a generator."""
+    arities: set[int] = set()
+    todo = list(func.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            return None
+        if isinstance(node, ast.Return) and node.value is not None:
+            if not isinstance(node.value, ast.Tuple) or any(isinstance(e, ast.Starred) for e in node.value.elts):
+                return None
+            arities.add(len(node.value.elts))
+        todo.extend(ast.iter_child_nodes(node))
+    return arities or None
 
 
 def _add_edge(targets: dict[str, str], target: str, cond: str) -> None:
@@ -534,12 +941,14 @@ def scan(plugin_tree: SourceTree, host_tree: SourceTree, plugin: str = "vllm_omn
         roots += [called(s) for s in entrypoint.scripts if called(s) in graph.modules]
         for module in set().union(*(graph.reached(r) for r in roots)) if roots else ():
             modules.setdefault(module.removesuffix(" (functions)"), set()).add(entrypoint.id)
+    model = CodeModel(plugin_tree, host_tree, plugin, host)
+    _add_loaded_by_name(graph, modules, model)
     host_modules: dict[str, set[str]] = {}
     for imported in graph.host_imports:
         importer = imported.importer.removesuffix(" (functions)")
         for name in ((imported.module,) if imported.module else imported.names):
             host_modules.setdefault(name, set()).update(modules.get(importer, ()))
-    run = _Scan(CodeModel(plugin_tree, host_tree, plugin, host), modules, host_modules)
+    run = _Scan(model, modules, host_modules)
     findings = run.run()
     paths = run.startup_paths({e.id: tuple(r for r in (*e.roots, *e.scripts) if r in graph.modules)
                                for e in entrypoints_of(plugin)})
@@ -551,7 +960,7 @@ def scan(plugin_tree: SourceTree, host_tree: SourceTree, plugin: str = "vllm_omn
             built = [c for p, c in started.items() if p in (finding.plugin_object, finding.plugin_object + ".__init__")]
             conds = built or [c for p, c in started.items() if p.startswith(finding.plugin_object + ".")]
             return None if not conds else "" if "" in conds else conds[0]
-        if finding.kind != "call" or finding.plugin_object not in started:
+        if finding.kind not in ("call", "unpack") or finding.plugin_object not in started:
             return None
         return finding.condition or started[finding.plugin_object]
 
@@ -559,6 +968,40 @@ def scan(plugin_tree: SourceTree, host_tree: SourceTree, plugin: str = "vllm_omn
                                                        if (c := runs_at_start(f, e)) is not None))
                 for f in findings]
     return findings, run.checked, run.undecidable
+
+
+def _add_loaded_by_name(graph, modules: dict[str, set[str]], model: CodeModel) -> None:
+    """Add to ``modules`` (plugin module -> the entrypoints reaching it) what the plugin loads by name: a class of
+    its own written as a quoted import path anywhere in its files (``RUNNER = "pkg.mod.Runner"``, a registry's
+    entry, a default a config names), whose module no import reaches. Where such a class derives a class of the
+    plugin's that an entrypoint reaches, that entrypoint runs it in its base's place (the code that resolves the
+    path builds it where the base goes), so it reaches the class's module and what that module imports. A mixin
+    (a base named ``...Mixin``, as the convention goes) says nothing of where a class goes: it is not followed.
+    Repeated until nothing is added (a class loaded by name may be the base of another)."""
+    pattern = re.compile(rf"""["']({re.escape(graph.plugin)}(?:\.\w+)+)["']""")
+    named: set[str] = set()
+    for _, text in model.texts("plugin"):
+        if graph.plugin in text:
+            named.update(pattern.findall(text))
+    classes = []
+    for path in sorted(named):
+        module, _, name = path.rpartition(".")
+        found = model.resolve(module, name) if module in graph.modules else None
+        if isinstance(found, Definition) and found.is_class and found.side == "plugin":
+            classes.append(found)
+    changed = True
+    while changed:
+        changed = False
+        for found in classes:
+            reach = set().union(*(modules.get(b.module, set()) for b in model.bases(found)
+                                  if isinstance(b, Definition) and b.side == "plugin" and not b.name.endswith("Mixin")))
+            if reach <= modules.get(found.module, set()):
+                continue
+            for module in graph.reached(found.module):
+                entrypoints = modules.setdefault(module.removesuffix(" (functions)"), set())
+                if not reach <= entrypoints:
+                    entrypoints |= reach
+                    changed = True
 
 
 def own_vllm(omni_version: str | None) -> str | None:
@@ -599,15 +1042,16 @@ def check_behaviour_drift(plugin_tree: SourceTree, host_tree: SourceTree, omni_v
 def own_vllm_wheel(version: str | None, fetch: bool):
     """``(tree, note)`` of the vLLM ``version`` wheel: from the wheel cache, downloaded when ``fetch``; ``(None,
     why)`` when it cannot be had."""
-    from .wheels import WheelError, cache_dir, cached_wheel, fetch_wheel
+    from .wheel_members import open_release
+    from .wheels import WheelError
 
     if version is None:
         return None, "vllm-omni's version is unknown, so is its own vLLM"
     try:
-        wheel = fetch_wheel("vllm", version)[0] if fetch else cached_wheel("vllm", version, cache_dir())
+        release = open_release("vllm", version, fetch=fetch)  # the cache, else its source members (range requests)
     except WheelError as exc:
         return None, f"vLLM {version} (vllm-omni's own) could not be fetched: {exc}"
-    if wheel is None:
+    if release is None:
         return None, f"vLLM {version} (vllm-omni's own) is not in the wheel cache"
-    return SourceTree(wheel), ""
+    return release.tree, ""
 

@@ -12,7 +12,7 @@ from fnmatch import fnmatchcase
 
 from ..entrypoints import endpoint_of
 
-KINDS = ("call", "abstract", "override", "attribute")
+KINDS = ("call", "abstract", "override", "attribute", "unpack", "unread")
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,11 @@ import Y`` re-exports), walks a class's bases in either package (left to right, 
 order for the class trees these packages have), and says what ``Cls(...)`` binds against (the first ``__init__``
 on that walk, or the one a dataclass, a ``msgspec.Struct`` or a ``NamedTuple`` generates from its fields:
 ``generated_init``) and what class ``self.x`` holds (``attribute_class``: what the ``__init__`` of a base assigns
-it). Where the files cannot tell (a base from a third package, a pydantic ``BaseModel`` whose constructor is
-generated, a module ``__getattr__``), the answer is None: the caller counts it as undecidable, never as a fit.
+it), what a function's names hold (``local_types``: annotations, constructions, elements of annotated
+containers), where a name the host moved now lives (``moved``: a module moved whole) and what a standard-library
+base provides (``outside_has``). Where the files cannot tell (a base from a third package, a generated constructor
+``generated_init`` cannot read, a module ``__getattr__``), the answer is None: the caller counts it as undecidable,
+never as a fit.
 
 Each file is parsed once per process (``parsed``), whoever asks: the behavioural-drift scan, the drift points and
 the definitions reader share it.
@@ -18,6 +21,8 @@ the definitions reader share it.
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from dataclasses import dataclass, field
 
 from .definitions import module_bindings
@@ -37,6 +42,10 @@ _GENERATED_INIT = frozenset({"dataclass", "dataclasses.dataclass", "NamedTuple",
                              "BaseModel", "pydantic.BaseModel", "Enum", "IntEnum", "StrEnum", "enum.Enum",
                              "msgspec.Struct", "Struct", "attr.s", "attrs.define", "define", "frozen",
                              "config", "OpenAIBaseModel"})
+
+
+_OBJECT_INIT = ast.parse("def __init__(self): pass").body[0]  # what a class without any __init__ binds against
+_STDLIB_SKIPPED = frozenset({"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo"})  # side effects
 
 
 def parsed(tree: SourceTree, relpath: str) -> ast.Module | None:
@@ -141,6 +150,9 @@ class CodeModel:
         self._mro: dict[str, tuple] = {}
         self._held: dict[tuple[str, str], Definition | None] = {}  # attribute_class's answers
         self._constructors: dict[str, tuple[Definition | None, str]] = {}
+        self._moved_index: dict[str, list[str]] | None = None  # moved()'s: def / class name -> host files
+        self._locals: dict[int, dict[str, Definition]] = {}  # local_types' answers, by function node
+        self._own: dict[int, set[str]] = {}  # own_attributes' answers, by class node
 
     # ------------------------------------------------------------------------------------------- modules
 
@@ -206,7 +218,8 @@ class CodeModel:
             return f"{module}.{name}"
         binding = self.bindings(module).get(name)
         if binding is None:
-            return self._star_export(module, name, _depth)
+            found = self._star_export(module, name, _depth)
+            return found if found is not None or self.side_of(module) != "host" else self.moved(module, name)
         if binding[0] == "def":
             return Definition(self.side_of(module), module, name, binding[1])
         if binding[0] == "import":
@@ -228,6 +241,34 @@ class CodeModel:
                 if found is not None:
                     return found
         return None
+
+    def moved(self, module: str, name: str) -> Definition | None:
+        """Where the host defines ``name`` now that ``module`` lacks it (a moved class or function: what the import
+        drift reports and an alias bridges): the one top-level def or class of that name in a host module with the
+        old module's last part (``a.cli_args.f`` -> ``b.cli_args.f``: a module moved whole); None where none or
+        several fit (a same-named class of another module is another class: ``x.gpu_model_runner.Runner`` is not
+        ``x.gpu.model_runner.Runner``). The host's files are indexed by a regex over their text on first use."""
+        if self._moved_index is None:
+            pattern = re.compile(r"^(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)", re.M)
+            self._moved_index = {}
+            for relpath, text in self.texts("host"):
+                for found in set(pattern.findall(text)):
+                    self._moved_index.setdefault(found, []).append(relpath)
+        candidates = [relpath[:-3].replace("/", ".").removesuffix(".__init__")
+                      for relpath in self._moved_index.get(name, ())]
+        candidates = [c for c in candidates if c != module and c.rsplit(".", 1)[-1] == module.rsplit(".", 1)[-1]]
+        if len(candidates) != 1:
+            return None
+        node = next((n for n in (self.module_ast(candidates[0]) or ast.Module(body=[])).body
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name), None)
+        return Definition("host", candidates[0], name, node) if node is not None else None
+
+    def texts(self, side: str):
+        """``(relative path, text)`` of every ``.py`` file of a side's package, read as they are asked for (reading all
+        of vLLM's takes ~0.5 s; keeping them would cost ~40 MB for the whole scan)."""
+        tree = self.trees[side]
+        for relpath in tree.walk_py(self.packages[side]):
+            yield relpath, tree.read(relpath) or ""
 
     def origin(self, module: str, expr: str, _depth: int = 0) -> Definition | str | None:
         """``resolve_expr``, except that a name either package imports from a third one (``dataclasses``,
@@ -308,7 +349,13 @@ class CodeModel:
 
     def own_attributes(self, cls: Definition) -> set[str]:
         """Names a class defines for its instances: methods, class-level assignments and annotated fields, and
-        ``self.x = ...`` in its methods."""
+        ``self.x = ...`` in its methods (read once per class)."""
+        key = id(cls.node)
+        if key not in self._own:
+            self._own[key] = self._own_attributes(cls)
+        return self._own[key]
+
+    def _own_attributes(self, cls: Definition) -> set[str]:
         names = set(self.methods(cls))
         for node in cls.node.body:
             if isinstance(node, ast.Assign):
@@ -376,13 +423,17 @@ class CodeModel:
             if "__init__" in methods:
                 return Definition(candidate.side, candidate.module, f"{candidate.name}.__init__",
                                   methods["__init__"]), ""
-        return None, "no __init__ found"
+        # no __init__, __new__ or metaclass on a walk the files read whole: object's, which takes no arguments (named
+        # after the first host class on the walk, where there is one: a call into it, as the host's own classes are)
+        owner = next((c for c in self.mro(cls) if isinstance(c, Definition) and c.side == "host"), cls)
+        return Definition(owner.side, owner.module, f"{owner.name}.__init__", _OBJECT_INIT), ""
 
     def attribute_class(self, cls: Definition, attribute: str) -> Definition | None:
         """The class of what ``self.<attribute>`` holds on an instance of ``cls``, from the assignments the methods
-        along its walk make (a base's ``__init__`` assigning a manager it builds): each a call of a class (or of a function whose return
-        annotation names one), a parameter annotated with a class (``X``, ``X | None``, ``Optional[X]``) or an
-        annotated assignment; ``None`` assigned is left aside. None where one assignment is something else, where
+        along its walk make (a base's ``__init__`` assigning a manager it builds): each a call of a class (or of a
+        function whose return annotation names one), a parameter annotated with a class (``X``, ``X | None``,
+        ``Optional[X]``) or an annotated assignment (of a call of a class: that class, whatever the annotation says,
+        ``x: list[int] = Buffer(...)`` holding a ``Buffer``); ``None`` assigned is left aside. None where one assignment is something else, where
         they name unrelated classes, or where an unresolved base may assign it too; where they name a class and
         its subclass, the subclass."""
         key = (cls.path, attribute)
@@ -425,6 +476,9 @@ class CodeModel:
                     continue
                 if len(items) > 1 or (annotation is None and value is None):
                     yield False
+                elif annotation is not None and isinstance(value, ast.Call) \
+                        and (built := self._built_class(module, value)) is not False:
+                    yield built  # x: list[int] = Buffer(...) holds a Buffer, whatever the annotation says
                 elif annotation is not None:
                     yield self._annotated_class(module, annotation)
                 elif isinstance(value, ast.Constant) and value.value is None:
@@ -495,3 +549,125 @@ class CodeModel:
                 continue
             names |= self.own_attributes(candidate)
         return names, complete and "__getattr__" not in names and "__getattribute__" not in names
+
+    def outside_has(self, cls: Definition, name: str) -> bool | None:
+        """Whether a base of ``cls`` that neither package defines provides ``name``: True where one does, False where
+        every such base is a class of the standard library (or a builtin) that does not, None where a base comes
+        from a third package. The standard library's classes are the running interpreter's, imported to be asked
+        (``array.array``, ``list``): the files of a C class say nothing."""
+        import builtins
+        import importlib
+
+        answer = False
+        for candidate in self.mro(cls):
+            if isinstance(candidate, Definition) or candidate in _TRIVIAL_BASES:
+                continue
+            lister = next((c for c in self.mro(cls) if isinstance(c, Definition) and any(
+                (dotted(b.value if isinstance(b, ast.Subscript) else b) or "") == candidate for b in c.node.bases)),
+                cls)
+            origin = self.origin(lister.module, candidate)
+            if origin is None and "." not in candidate and candidate not in self.bindings(lister.module):
+                origin = f"builtins.{candidate}"
+            top = origin.split(".")[0] if isinstance(origin, str) else None
+            if top is None or top not in sys.stdlib_module_names or top in _STDLIB_SKIPPED:
+                return None
+            found = None
+            module_name, _, attribute = origin.rpartition(".")
+            try:
+                found = getattr(builtins if module_name == "builtins" else importlib.import_module(module_name),
+                                attribute, None)
+            except Exception:  # noqa: BLE001 - a module this interpreter lacks: cannot tell
+                return None
+            if not isinstance(found, type):
+                return None
+            answer = answer or hasattr(found, name)
+        return answer
+
+    def local_types(self, module: str, cls_node, func) -> dict[str, Definition]:
+        """``{local name: class}`` of what a function's names hold, as far as its text says: ``self`` (its class),
+        a parameter annotated with one class, ``x = Cls(...)``, and an element of an annotated container
+        (``xs: dict[str, Cls]``: ``xs[k]``, ``xs.get(k)``, ``for x in xs.values()``, ``for k, x in xs.items()``;
+        ``list[Cls]`` / ``Sequence[Cls]``: ``xs[i]``, ``for x in xs``). A name bound to two different classes, or
+        rebound to anything else, is left out."""
+        key = id(func)
+        if key in self._locals:
+            return self._locals[key]
+        found: dict[str, Definition] = {}
+        elements: dict[str, tuple[Definition, bool]] = {}  # container name -> (element class, is a mapping)
+        dropped: set[str] = set()
+
+        def bind(name: str, value) -> None:
+            if not isinstance(value, Definition) or name in dropped or (name in found and found[name] != value):
+                found.pop(name, None)
+                dropped.add(name)
+            else:
+                found[name] = value
+
+        if cls_node is not None:
+            found["self"] = Definition(self.side_of(module) or "plugin", module, cls_node.name, cls_node)
+        for arg in (*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs):
+            if arg.annotation is None or arg.arg in ("self", "cls"):
+                continue
+            held = self._annotated_class(module, arg.annotation)
+            if isinstance(held, Definition):
+                found[arg.arg] = held
+            elif (element := self._element_class(module, arg.annotation)) is not None:
+                elements[arg.arg] = element
+        for node in statements(func.body):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                name, value = node.targets[0].id, node.value
+                if name in elements or name == "self":
+                    continue
+                if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in (
+                        "get", "pop") and isinstance(value.func.value, ast.Name) and value.func.value.id in elements \
+                        and elements[value.func.value.id][1]:
+                    bind(name, elements[value.func.value.id][0])
+                elif isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name) \
+                        and value.value.id in elements:
+                    bind(name, elements[value.value.id][0])
+                elif isinstance(value, ast.Call):
+                    bind(name, self._built_class(module, value))
+                else:
+                    bind(name, None)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                bind(node.target.id, self._annotated_class(module, node.annotation))
+            elif isinstance(node, (ast.For, ast.AsyncFor)):
+                container, mapping_part = node.iter, None
+                if isinstance(container, ast.Call) and isinstance(container.func, ast.Attribute) \
+                        and container.func.attr in ("values", "items") and not container.args:
+                    container, mapping_part = container.func.value, container.func.attr
+                if not isinstance(container, ast.Name) or container.id not in elements:
+                    continue
+                element, is_mapping = elements[container.id]
+                if mapping_part == "items" and isinstance(node.target, ast.Tuple) and len(node.target.elts) == 2 \
+                        and isinstance(node.target.elts[1], ast.Name):
+                    bind(node.target.elts[1].id, element)
+                elif isinstance(node.target, ast.Name) and (mapping_part == "values" or not is_mapping):
+                    bind(node.target.id, element)
+        self._locals[key] = found
+        return found
+
+    def _element_class(self, module: str, annotation) -> tuple[Definition, bool] | None:
+        """``(the class of a container's elements, whether it is a mapping)`` for ``dict[K, Cls]`` /
+        ``Mapping[K, Cls]`` / ``list[Cls]`` / ``Sequence[Cls]`` / ``Iterable[Cls]`` / ``set[Cls]`` / ``tuple[Cls,
+        ...]`` (``| None`` allowed); None for anything else."""
+        if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+            parts = [p for p in (annotation.left, annotation.right)
+                     if not (isinstance(p, ast.Constant) and p.value is None)]
+            annotation = parts[0] if len(parts) == 1 else None
+        if not isinstance(annotation, ast.Subscript):
+            return None
+        head = (dotted(annotation.value) or "").rsplit(".", 1)[-1]
+        inner = annotation.slice
+        items = list(inner.elts) if isinstance(inner, ast.Tuple) else [inner]
+        if head in ("dict", "Dict", "Mapping", "MutableMapping", "OrderedDict", "defaultdict") and len(items) == 2:
+            held, mapping = self._annotated_class(module, items[1]), True
+        elif head in ("list", "List", "Sequence", "MutableSequence", "Iterable", "Iterator", "set", "Set", "frozenset",
+                      "deque", "Collection") and len(items) == 1:
+            held, mapping = self._annotated_class(module, items[0]), False
+        elif head in ("tuple", "Tuple") and len(items) == 2 and isinstance(items[1], ast.Constant) \
+                and items[1].value is Ellipsis:
+            held, mapping = self._annotated_class(module, items[0]), False
+        else:
+            return None
+        return (held, mapping) if isinstance(held, Definition) else None

@@ -15,12 +15,16 @@ What is generated, and how each is read:
 * a ``msgspec.Struct``: the fields of the class and its Struct bases, the ``kw_only=True`` class keyword making
   those of its class keyword-only (after the others);
 * ``typing.NamedTuple``: the class's fields, positional or keyword; ``typing.TypedDict``: anything ``dict()``
-  takes (a TypedDict call checks no keys).
+  takes (a TypedDict call checks no keys);
+* a pydantic ``BaseModel`` subclass: keyword-only fields (the annotations of the model classes on its walk, private
+  ``_names`` aside), required without a value or a ``Field`` default, extras accepted unless its ``extra`` setting
+  (class keyword or the nearest literal ``model_config``) is ``"forbid"``; a model class on the walk that defines
+  ``__init__`` makes that one the constructor.
 
 Where the files cannot tell, the answer is ``(None, why)`` and the caller counts the call as undecidable: a base
-from a third package that may add fields, a field with an alias, a model validator that runs before the fields are
-bound (``mode="before"`` / ``"wrap"``), an extras setting that is not a literal. pydantic ``BaseModel``, attrs and
-enums are not read (the first reads aliases, validators and extras from its whole base chain).
+from a third package that may add fields, a field with an alias (for a model: a required one, or any where extras
+are rejected), a model validator that runs before the fields are bound (``mode="before"``, or ``"wrap"`` unless it
+hands its data to the handler untouched), an extras setting that is not a literal. attrs and enums are not read.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ _NAMED_TUPLE = frozenset({"typing.NamedTuple", "typing_extensions.NamedTuple"})
 _TYPED_DICT = frozenset({"typing.TypedDict", "typing_extensions.TypedDict"})
 _TRANSFORM_MARK = "dataclass_transform"
 _DATACLASS_LIKE = ("dataclass", "pydantic", "transform")
+_BASE_MODEL = frozenset({"pydantic.BaseModel", "pydantic.main.BaseModel"})
 
 
 class _Undecidable(Exception):
@@ -54,6 +59,12 @@ def generated_init(model, cls) -> tuple[ast.FunctionDef | None, str] | None:
     kind, options = generator
     if kind == "typed_dict":
         return _init_def([("mapping", True)], [], var_keyword=True, lineno=cls.node.lineno), ""
+    if kind == "model":
+        try:
+            fields, rejects_extras = _model_fields(model, cls)
+        except _Undecidable as exc:
+            return None, str(exc)
+        return _init_def([], list(fields.items()), var_keyword=not rejects_extras, lineno=cls.node.lineno), ""
     try:
         if kind == "named_tuple":
             fields = {name: (default, False, init) for name, default, _, init in _own_fields(model, cls, kind)}
@@ -77,6 +88,9 @@ def _generator(model, cls) -> tuple[str, dict] | None:
     """``generated_kind``, except for a dataclass decorator that generates no ``__init__``: a class body defining
     its own (``dataclass`` keeps it), or ``@dataclass(init=False)`` (pydantic generates one all the same)."""
     found = generated_kind(model, cls)
+    if found is not None and found[0] == "model" and any(
+            not isinstance(c, str) and "__init__" in model.methods(c) for c in model.mro(cls)):
+        return None  # a model class on the walk defines __init__: that one is inherited, not generated
     if found is not None and found[0] in _DATACLASS_LIKE and (
             "__init__" in model.methods(cls) or (found[0] == "dataclass" and _is_false(found[1].get("init")))):
         return None
@@ -106,6 +120,8 @@ def generated_kind(model, cls) -> tuple[str, dict] | None:
             return "struct", {}
         if origin in _TYPED_DICT:
             return "typed_dict", {}
+        if origin in _BASE_MODEL:
+            return "model", {}
     return None
 
 
@@ -192,6 +208,71 @@ def _own_fields(model, cls, kind: str):
         yield node.target.id, default, kw_only, init
 
 
+def _model_fields(model, cls) -> tuple[dict[str, bool], bool]:
+    """``({field: has a default}, rejects extra keywords)`` of a pydantic ``BaseModel`` subclass: the annotated
+    names of the model classes on its walk (base first; ``ClassVar``, private ``_names`` and ``model_config`` are
+    not fields), each required unless it has a value or a ``Field(...)`` default (``x: int | None`` without one is
+    required, as in pydantic 2), and whether its ``extra`` setting is ``"forbid"`` (the class keyword, else the
+    first ``model_config`` on the walk that sets it; pydantic's default ignores extras). A field bound by its alias
+    that is required or where extras are rejected, a ``model_config`` that is not a literal, or a validator that
+    may change the arguments first is undecidable."""
+    walk = model.mro(cls)
+    extra = None
+    for candidate in walk:
+        if isinstance(candidate, str):
+            continue
+        for keyword in candidate.node.keywords:
+            if keyword.arg == "extra" and extra is None:
+                extra = _constant(keyword.value, cls, "its extra setting")
+        for node in candidate.node.body:
+            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(
+                node, "target", None)
+            if extra is None and isinstance(target, ast.Name) and target.id == "model_config" and node.value:
+                if not isinstance(node.value, (ast.Call, ast.Dict)):
+                    raise _Undecidable(f"{candidate.path}'s model_config is not a literal")
+                extra = _literal_extra(node.value)
+    rejects = extra == "forbid"
+    fields: dict[str, bool] = {}
+    aliased: set[str] = set()
+    for candidate in reversed(walk):
+        if isinstance(candidate, str):
+            origin = model.origin(_module_of_base(model, cls, candidate), candidate)
+            if candidate in ("object", "ABC", "Generic", "Protocol") or origin in _NO_FIELDS | _BASE_MODEL:
+                continue
+            raise _Undecidable(f"base {candidate} is not in either package's files (it may add fields)")
+        found = generated_kind(model, candidate)
+        if found is None or found[0] != "model":
+            continue  # a mixin that is no model adds no field
+        for node in candidate.node.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _validates_before(node):
+                raise _Undecidable(f"{candidate.path}.{node.name} validates the arguments before the fields are bound")
+            if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+                continue
+            name = node.target.id
+            if name.startswith("_") or name == "model_config" or _annotation_head(node.annotation) == "ClassVar":
+                continue
+            default = node.value is not None
+            for call in [node.value, *ast.walk(node.annotation)]:
+                if isinstance(call, ast.Call) and (_dotted(call.func) or "").rsplit(".", 1)[-1] == "Field":
+                    options = {k.arg: k.value for k in call.keywords}
+                    first = call.args[0] if call.args else None
+                    default = "default" in options or "default_factory" in options or (
+                        first is not None and not (isinstance(first, ast.Constant) and first.value is Ellipsis))
+                    if "alias" in options or "validation_alias" in options:
+                        aliased.add(name)
+            fields[name] = default
+    for name in aliased & set(fields):
+        if rejects or not fields[name]:
+            raise _Undecidable(f"{cls.path}.{name} is bound by its alias")
+    return fields, rejects
+
+
+def _constant(node, cls, what: str):
+    if not isinstance(node, ast.Constant):
+        raise _Undecidable(f"{cls.path}: {what} is not a literal")
+    return node.value
+
+
 def _annotation_head(annotation) -> str:
     """``ClassVar`` for ``ClassVar[int]`` / ``typing.ClassVar`` / ``"ClassVar[int]"``: the last part of what the
     annotation subscripts."""
@@ -204,13 +285,48 @@ def _annotation_head(annotation) -> str:
 
 
 def _validates_before(func) -> bool:
-    """A pydantic ``@model_validator(mode="before" | "wrap")``: it may add or drop arguments."""
+    """A pydantic ``@model_validator(mode="before" | "wrap")`` (or a v1 ``@root_validator(pre=True)``): it may add
+    or drop arguments. A wrap validator that hands its data to the handler as it came (the data parameter never
+    rebound, changed or deleted, every handler call given it first) adds or drops nothing: it only looks."""
     for decorator in func.decorator_list:
-        if isinstance(decorator, ast.Call) and (_dotted(decorator.func) or "").endswith("model_validator"):
-            modes = [k.value for k in decorator.keywords if k.arg == "mode"]
-            if any(isinstance(m, ast.Constant) and m.value in ("before", "wrap") for m in modes):
-                return True
+        if not isinstance(decorator, ast.Call):
+            continue
+        name = (_dotted(decorator.func) or "").rsplit(".", 1)[-1]
+        options = {k.arg: k.value for k in decorator.keywords}
+        mode = options.get("mode")
+        if name == "root_validator" and isinstance(options.get("pre"), ast.Constant) and options["pre"].value:
+            return True
+        if name == "model_validator" and isinstance(mode, ast.Constant) and mode.value == "before":
+            return True
+        if name == "model_validator" and isinstance(mode, ast.Constant) and mode.value == "wrap":
+            return not _passes_data_through(func)
     return False
+
+
+def _passes_data_through(func) -> bool:
+    """Whether a wrap validator ``(cls, data, handler)`` calls ``handler(data)`` with its data untouched."""
+    params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+    if params[:1] in (["cls"], ["self"]):
+        params = params[1:]
+    if len(params) < 2:
+        return False
+    data, handler = params[0], params[1]
+    calls = 0
+    for node in ast.walk(func):
+        if isinstance(node, ast.Name) and node.id == data and isinstance(node.ctx, (ast.Store, ast.Del)):
+            return False
+        if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, (ast.Store, ast.Del)) \
+                and isinstance(node.value, ast.Name) and node.value.id == data:
+            return False
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == data and node.func.attr in ("pop", "update", "setdefault", "clear",
+                                                                      "popitem", "__setitem__", "__delitem__"):
+            return False
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == handler:
+            if not node.args or not (isinstance(node.args[0], ast.Name) and node.args[0].id == data):
+                return False
+            calls += 1
+    return calls > 0
 
 
 def _forbids_extras(cls, options: dict) -> bool:

@@ -112,3 +112,36 @@ def why_override_narrows(base, override) -> list[tuple[str, str]]:
                 and param.name not in base_names:
             found.append((param.name, f"requires {param.name}, which the base does not declare"))
     return found
+
+
+def why_open_call_fails(params, positional: int, keywords: tuple[str, ...], star_args: bool, star_kwargs: bool,
+                        positional_only: int = 0) -> tuple[str | None, bool]:
+    """For a call that also passes ``*args`` (``star_args``) and / or ``**kwargs`` (``star_kwargs``), whose contents
+    the files do not tell, besides ``positional`` positionals and ``keywords``: ``(why it fails, True)`` where it
+    cannot bind whatever they hold (more positionals than a function without ``*args`` takes, a keyword it does not
+    take, one of its first ``positional_only`` parameters left for a keyword to fill without ``*args``, a
+    keyword-only one left unfilled without ``**kwargs``); ``(None, True)`` where it binds whatever they hold (the
+    function takes ``*args`` / ``**kwargs`` for what they add, and everything it requires is given); ``(None,
+    False)`` where it depends on what they hold."""
+    leading = [p for p in params if p.kind == ParamKind.POSITIONAL]
+    var_positional = any(p.kind == ParamKind.VAR_POSITIONAL for p in params)
+    var_keyword = any(p.kind == ParamKind.VAR_KEYWORD for p in params)
+    if positional > len(leading) and not var_positional:
+        return f"takes {len(leading)} positional argument(s), {positional} given", True
+    by_keyword = {p.name for i, p in enumerate(leading) if i >= positional_only} | {
+        p.name for p in params if p.kind == ParamKind.KEYWORD_ONLY}
+    unexpected = [k for k in keywords if k not in by_keyword and not var_keyword]
+    if unexpected:
+        return f"got an unexpected keyword argument {', '.join(unexpected)}", True
+    filled = {p.name for p in leading[:positional]} | set(keywords)
+    if not star_args:
+        missing = [p for i, p in enumerate(leading) if positional <= i < positional_only and not p.has_default]
+        if missing:
+            return f"missing required positional-only argument(s) {', '.join(p.name for p in missing)}", True
+    if not star_kwargs:
+        missing = [p for p in params if p.kind == ParamKind.KEYWORD_ONLY and not p.has_default and p.name not in filled]
+        if missing:
+            return f"missing required keyword-only argument(s) {', '.join(p.name for p in missing)}", True
+    left = [p for p in params if p.kind in (ParamKind.POSITIONAL, ParamKind.KEYWORD_ONLY) and not p.has_default
+            and p.name not in filled]
+    return None, not left and (var_positional or not star_args) and (var_keyword or not star_kwargs)

@@ -76,6 +76,15 @@ def parse_metadata(text: str, environment: dict | None = None) -> DistributionRe
                               headers.get_all("Requires-Dist") or [], environment)
 
 
+def _metadata_record(text: str) -> dict:
+    """A METADATA text as the record ``fetch_pinned`` keeps (the fields of pip's report it reads)."""
+    from email.parser import HeaderParser
+
+    headers = HeaderParser().parsestr(text)
+    return {"name": headers.get("Name") or "", "version": headers.get("Version") or "",
+            "requires_dist": headers.get_all("Requires-Dist") or []}
+
+
 def from_requires_dist(name: str, version: str, requires_dist, environment: dict | None = None):
     """A ``DistributionRequirements`` from ``Requires-Dist`` strings, markers evaluated as ``parse_metadata``."""
     from packaging.requirements import InvalidRequirement, Requirement
@@ -144,10 +153,13 @@ def _pip_report(specs: list[str]) -> dict:
         result = subprocess.run(
             [*pip, "install", "--dry-run", "--no-deps", "--ignore-installed", "--only-binary", ":all:",
              "--quiet", "--report", str(report), *specs], capture_output=True, text=True)
+        from ..tool_output import echo
+        from ..tool_output import said as one_line
+
+        echo(result.stderr)  # pip's warnings and errors as it printed them: --verbose only
         if result.returncode != 0 or not report.exists():
             output = result.stdout + result.stderr
-            errors = [line.strip() for line in output.splitlines() if line.startswith("ERROR")]
-            said = errors[-1] if errors else (output.strip().splitlines() or ["no output"])[-1]
+            said = one_line(output) or "no output"
             raise WheelError("no_network" if _NETWORK_HINTS.search(output) else "pip_failed",
                              f"pip could not read {' '.join(specs)} from the index; pip said: {said}")
         return json.loads(report.read_text())
@@ -171,6 +183,13 @@ def fetch_pinned(pins: dict[str, str], directory: Path | None = None, offline: b
             missing[package] = version
     if missing and offline:
         return found, {p: "not in the cache and the index was not asked (offline)" for p in missing}
+    from .wheel_members import pinned_metadata  # each wheel's METADATA by range requests; pip for the rest
+
+    for package, text in pinned_metadata(missing).items():
+        record = _metadata_record(text)
+        for version in {record["version"], missing[package]}:
+            _write_json(folder / f"{package}-{version}.json", record)
+        found[package] = from_requires_dist(record["name"], record["version"], record["requires_dist"])
     batches = [missing] if len(missing) <= 1 else [missing, *({p: v} for p, v in missing.items())]
     for batch in batches:
         batch = {p: v for p, v in batch.items() if p not in found}

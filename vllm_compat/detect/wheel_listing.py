@@ -24,17 +24,13 @@ call's.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,6 +164,7 @@ class _Fetcher:
     def __init__(self, url: str, timeout: float = TIMEOUT_S):
         self.url, self.timeout = url, timeout
         self.requests = self.bytes = 0
+        self.ignored_range = False  # the server answered a range request with the whole file (200)
 
     def __call__(self, first: int | None, last: int) -> tuple[bytes, int]:
         ask = f"bytes=-{last}" if first is None else f"bytes={first}-{last}"
@@ -179,6 +176,7 @@ class _Fetcher:
             if total is None:
                 raise ListingError(f"206 without a Content-Range total ({headers.get('Content-Range')!r})")
         elif status == 200:  # the server ignores Range: the whole file, if it is small
+            self.ignored_range = True
             length = int(headers.get("Content-Length") or 0)
             if not length or length > WHOLE_MAX_BYTES:
                 body(0)
@@ -196,6 +194,7 @@ class _Fetcher:
     def _get(self, url: str, ask: str, redirects: int = 5):
         """``(status, headers, body)``: ``body(None)`` reads the response, ``body(0)`` abandons it."""
         import urllib.parse
+        import urllib.request  # here, not at import: a warm check reads kept files and fetches nothing (~40 ms)
 
         headers = {"Range": ask, "User-Agent": "vllm-compat"}
         parts = urllib.parse.urlsplit(url)
@@ -235,6 +234,9 @@ class _Fetcher:
         return response.status, response.headers, body
 
     def _get_urllib(self, url: str, headers: dict):
+        import urllib.error
+        import urllib.request
+
         request = urllib.request.Request(url, headers=headers)
         try:
             response = urllib.request.urlopen(request, timeout=self.timeout)
@@ -277,6 +279,8 @@ def listing_dir(directory: Path | None = None) -> Path:
 
 
 def _cache_path(wheel: RemoteWheel, directory: Path | None) -> Path:
+    import hashlib
+
     key = wheel.sha256 or "url-" + hashlib.sha256(wheel.url.encode()).hexdigest()
     return listing_dir(directory) / f"{key}.json"
 
@@ -332,6 +336,8 @@ def list_wheels(wheels: list[RemoteWheel], directory: Path | None = None, worker
             return list_wheel(wheel, directory, timeout), None
         except ListingError as exc:
             return None, str(exc)
+
+    from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(wheels) or 1))) as pool:
         results = list(pool.map(one, wheels))

@@ -8,6 +8,10 @@ file system), so concurrent checks never see half a wheel; the last of two racin
 wheels are the same file. A cached wheel is found by name and version without calling pip: a second check of
 the same pair never touches the network.
 
+``check`` and ``plan`` read a release's source members by HTTP range requests instead (``wheel_members``); they
+come here for a whole wheel already in the cache, and for pip's download where the index lists no wheel of the
+release for this interpreter (or is no http(s) index).
+
 Every failure is a ``WheelError`` whose message says what was asked, what pip or the cache said, and what to
 do instead (another version, passing wheel paths when offline, installing pip).
 """
@@ -113,35 +117,42 @@ def pip_command() -> list[str]:
     )
 
 
-def _nearest(requested: str, available: list[str], count: int = 5) -> list[str]:
-    """The ``count`` available versions closest to ``requested`` (by release tuple), in version order."""
+def _nearest(requested: str, available: list[str], count: int = 5) -> tuple[list[str], list[str]]:
+    """``(releases, pre-releases)`` to name for a ``requested`` version the index lacks. ``releases``: the
+    ``count`` final releases nearest it by position among them (above every one: the newest), newest first;
+    ``pre-releases``: where the newest final release is among them, up to two pre- or dev releases newer than it
+    (what else there is to try), newest first. Where no final release is listed, the nearest of the others are
+    the ``releases``."""
     from packaging.version import InvalidVersion, Version
 
-    def key(v: str):
+    parsed = {}
+    for text in available:
         try:
-            return Version(v).release
+            parsed.setdefault(Version(text), text)
         except InvalidVersion:
-            return (0,)
-
+            continue
+    finals = sorted(v for v in parsed if not (v.is_prerelease or v.is_devrelease))
+    others = sorted(v for v in parsed if v.is_prerelease or v.is_devrelease)
+    pool = finals or others
     try:
-        target = Version(requested).release
+        target = Version(requested)
+        below = sum(v < target for v in pool)  # where it would sit among them
     except InvalidVersion:
-        return available[-count:]
-    width = max([len(target)] + [len(key(v)) for v in available])
-    pad = lambda r: tuple(r) + (0,) * (width - len(r))  # noqa: E731
-
-    def distance(v: str) -> tuple:
-        return tuple(abs(a - b) for a, b in zip(pad(key(v)), pad(target), strict=True))
-
-    closest = sorted(available, key=distance)[:count]
-    return sorted(closest, key=lambda v: pad(key(v)))
+        below = len(pool)
+    # distance in releases from where it would sit; a tie goes to the newer
+    ranked = sorted(range(len(pool)), key=lambda i: (below - i if i < below else i - below + 1, -i))
+    chosen = sorted((pool[i] for i in ranked[:count]), reverse=True)
+    newer = [v for v in others if finals and v > finals[-1]][-2:] if chosen and chosen[0] == pool[-1] else []
+    return [parsed[v] for v in chosen], [parsed[v] for v in reversed(newer)]
 
 
 def _failure(distribution: str, version: str | None, output: str) -> WheelError:
     """Turn pip's failed output into the error the user needs."""
     spec = f"{distribution}=={version}" if version else distribution
-    last = [line for line in output.splitlines() if line.startswith("ERROR")][-1:] or output.strip().splitlines()[-1:]
-    pip_said = f" pip said: {last[0].strip()}" if last else ""
+    from ..tool_output import said
+
+    last = said(output)  # one line, its version list counted (pip's own output: --verbose)
+    pip_said = f" pip said: {last}" if last else ""
     offline = (f" For offline use pass wheel files or unpacked trees instead, e.g. `vllm-compat check "
                f"/path/to/{PACKAGES[distribution]}-X-*.whl`.")
     match = _FROM_VERSIONS.search(output)
@@ -151,8 +162,10 @@ def _failure(distribution: str, version: str | None, output: str) -> WheelError:
         return WheelError("no_network", f"Could not reach the package index to fetch {spec}: no network, or the "
                                         f"index (pip's index-url / PIP_INDEX_URL) is unreachable.{offline}{pip_said}")
     if match and versions and version is not None:
+        releases, pre = _nearest(version, versions)
         return WheelError("no_version", f"{distribution} {version} does not exist on the index (no wheel of it for "
-                                        f"this machine); nearest versions: {', '.join(_nearest(version, versions))}.")
+                                        f"this machine); nearest versions: {', '.join(releases)}"
+                                        + (f" (newer pre-releases: {', '.join(pre)})" if pre else "") + ".")
     if match:
         return WheelError("no_wheel", f"The index lists no wheel of {distribution} at all: it is unreachable "
                                       f"(no network, a proxy) or has no wheel for this platform.{offline}{pip_said}")
@@ -160,8 +173,14 @@ def _failure(distribution: str, version: str | None, output: str) -> WheelError:
 
 
 def _run_pip_teeing_stderr(command: list[str]) -> tuple[int, str]:
-    """Run pip with its stdout on our stderr (so its progress bar shows on a terminal while our stdout stays
-    the report, JSON included) and its stderr copied through line by line; returns (status, stderr)."""
+    """Run pip; returns (status, its output). Under ``--verbose`` (``tool_output.shown``) its stdout goes to our
+    stderr (its progress bar shows on a terminal while our stdout stays the report, JSON included) and its stderr
+    is copied through line by line; otherwise both are kept, not shown: ``_failure`` says the error in one line."""
+    from ..tool_output import shown
+
+    if not shown():
+        result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return result.returncode, result.stdout
     try:
         stdout = sys.stderr.fileno()
         sys.stderr.flush()
@@ -187,6 +206,11 @@ def fetch_wheel(distribution: str, version: str, directory: Path | None = None) 
     pip = pip_command()
     directory.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=directory))
+    from ..tool_output import shown
+
+    if not shown() and sys.stderr.isatty():  # one line for what can take a minute; pip's progress: --verbose
+        print(f"vllm-compat: downloading {distribution}=={version} with pip (--verbose shows pip's progress)",
+              file=sys.stderr, flush=True)
     try:
         # --no-cache-dir: this cache is the cache; pip's would keep a second copy of a ~300 MB vLLM wheel.
         status, output = _run_pip_teeing_stderr(
@@ -207,10 +231,20 @@ def fetch_wheel(distribution: str, version: str, directory: Path | None = None) 
 
 def _index_versions(distribution: str) -> tuple[str, list[str]]:
     """``(newest, every version listed)`` as ``pip index versions --only-binary :all:`` prints them (pre-releases
-    excluded, as pip excludes them). Raises ``WheelError`` when the index cannot tell."""
+    excluded, as pip excludes them). Raises ``WheelError`` when the index cannot tell. An http(s) index is read
+    directly (``wheel_members.index_versions``: its project page, one request, where pip takes seconds): the versions
+    with a wheel for this interpreter."""
+    from .wheel_members import index_versions
+
+    listed = index_versions(distribution)
+    if listed:
+        return listed[0], listed
     pip = pip_command()
     result = subprocess.run([*pip, "index", "versions", "--only-binary", ":all:", distribution],
                             capture_output=True, text=True)
+    from ..tool_output import echo
+
+    echo(result.stderr)  # pip's warnings (retries, ignored locations): --verbose only
     match = _NEWEST.search(result.stdout)
     if result.returncode == 0 and match:
         listed = _AVAILABLE.search(result.stdout)

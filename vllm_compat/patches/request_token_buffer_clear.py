@@ -113,6 +113,8 @@ def buffer_with_clear(token_buffer: type) -> type:
 
 
 class RequestTokenBufferClear(MethodPatch):
+    handles_drift = (("call", "*.TokenBuffer.clear", "*", "clear"),)
+
     def detect_static(self, site) -> TokenBufferFacts:
         return facts_of(site.vllm_tree, site.omni_tree)
 

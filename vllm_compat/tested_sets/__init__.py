@@ -92,3 +92,43 @@ def for_pair(vllm_version: str | None, omni_version: str | None) -> TestedSet | 
     if omni_version is not None:
         found = [tested for tested in found if "vllm-omni==" in tested.pair]
     return max(found, key=lambda tested: tested.on_pinned_torch, default=None)
+
+
+def all_recorded(home: Path | None = None) -> list[TestedSet]:
+    """Every recorded set in ``home`` (default this package's folder), by cell id."""
+    folder = home or HOME
+    return [parse(path.read_text(), path) for path in sorted(folder.glob("*.txt"))]
+
+
+def _pair_versions(pair: str) -> dict[str, str]:
+    """``{"vllm": "0.33.0", "vllm-omni": "0.30.0"}`` of a set's ``pair`` text."""
+    return dict(item.split("==", 1) for item in pair.split() if "==" in item)
+
+
+def nearest(vllm_version: str | None, omni_version: str | None, home: Path | None = None) -> TestedSet | None:
+    """The recorded set of a vLLM + vllm-omni pair nearest to this one, for ``check --constraints`` where the pair
+    itself has none: the same vllm-omni first (a vLLM the fewest minors away, the newer of two equally near), then
+    the same vLLM, then any pair; a cell on vLLM's pinned torch before a CPU one. None where no pair has a set."""
+    from packaging.version import InvalidVersion, Version
+
+    def release(version: str | None) -> tuple[int, ...] | None:
+        try:
+            return Version(version).release if version else None
+        except InvalidVersion:
+            return None
+
+    def minors(a: tuple[int, ...] | None, b: tuple[int, ...] | None) -> int:
+        if a is None or b is None:
+            return 1 << 16
+        return abs((a[0] * 1000 + (a[1] if len(a) > 1 else 0)) - (b[0] * 1000 + (b[1] if len(b) > 1 else 0)))
+
+    want_vllm, want_omni = release(vllm_version), release(omni_version)
+    ranked = []
+    for tested in all_recorded(home):
+        versions = _pair_versions(tested.pair)
+        if "vllm-omni" not in versions:
+            continue
+        have_vllm, have_omni = release(versions.get("vllm")), release(versions["vllm-omni"])
+        ranked.append(((minors(want_omni, have_omni), minors(want_vllm, have_vllm),
+                        tuple(-x for x in (have_vllm or ())), not tested.on_pinned_torch), tested))
+    return min(ranked, key=lambda item: item[0])[1] if ranked else None
