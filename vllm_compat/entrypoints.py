@@ -16,7 +16,9 @@ vllm-omni (roots read from its 0.22.0-0.30.0 wheels, where all of them exist):
   (vllm-omni 0.30.0's diffusion KV-cache setup is reached from the engine, not from the worker) and the worker;
 * ``llm_stage``, a part of the offline API and the server: the LLM / AR and generation stages a multi-stage model
   runs (Qwen-Omni's thinker and talker, AR-diffusion and TTS pipelines): their workers, their schedulers, the stage
-  engine core process and the output processing. A pure-diffusion model never starts them, so where they stop (vLLM
+  engine core process and the output processing, and what every step runs (``Entrypoint.runs``: the runners'
+  ``execute_model`` / ``sample_tokens``, the schedulers' ``schedule`` / ``update_from_output``, the profiling run's
+  ``_dummy_run``): a drift there stops the stages as a missing import would. A pure-diffusion model never starts them, so where they stop (vLLM
   0.34 removed the V1 model runner their workers subclass) the offline API and the server still start, and the
   verdict names the stages as left out. Every pair gives them a status of their own (``ImportDrift.part_statuses``).
 
@@ -41,6 +43,10 @@ class Entrypoint:
     # the entrypoints this is a part of: not started on its own, so where it stops, those still start and it is
     # what they leave out (the verdict's "Left out: ...")
     part_of: tuple[str, ...] = ()
+    # functions (dotted, ``module.Class.method``) that using it always runs beside its imports: a stage's model step
+    # and its startup's profiling run. What they reach stops it as its start does: a stage whose every step raises
+    # does not run.
+    runs: tuple[str, ...] = ()
 
 
 ENTRYPOINTS: dict[str, tuple[Entrypoint, ...]] = {
@@ -57,7 +63,17 @@ ENTRYPOINTS: dict[str, tuple[Entrypoint, ...]] = {
                    ("vllm_omni.worker.gpu_ar_worker", "vllm_omni.worker.gpu_generation_worker",
                     "vllm_omni.core.sched.omni_ar_scheduler", "vllm_omni.core.sched.omni_generation_scheduler",
                     "vllm_omni.engine.stage_engine_core_proc", "vllm_omni.engine.output_processor"),
-                   part_of=("offline", "serve")),
+                   part_of=("offline", "serve"),
+                   # each step: the engine core calls the scheduler's schedule / update_from_output and the worker
+                   # the runner's execute_model / sample_tokens; at startup vLLM's profile_run calls _dummy_run
+                   runs=tuple(f"vllm_omni.{cls}.{method}" for cls, methods in (
+                       ("worker.gpu_ar_model_runner.GPUARModelRunner", ("execute_model", "sample_tokens")),
+                       ("worker.gpu_generation_model_runner.GPUGenerationModelRunner",
+                        ("execute_model", "sample_tokens", "_dummy_run")),
+                       ("worker.gpu_model_runner.OmniGPUModelRunner", ("_dummy_run",)),
+                       ("core.sched.omni_ar_scheduler.OmniARScheduler", ("schedule", "update_from_output")),
+                       ("core.sched.omni_generation_scheduler.OmniGenerationScheduler",
+                        ("schedule", "update_from_output"))) for method in methods)),
     ),
 }
 

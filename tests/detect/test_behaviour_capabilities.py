@@ -200,6 +200,56 @@ def test_an_attribute_a_vllm_base_stopped_assigning_that_vllm_omni_reads(tmp_pat
     assert drift.findings[0].plugin_object == "vllm_omni.entrypoints.omni.OmniScheduler"
 
 
+STAGE = {"vllm_omni/worker/gpu_ar_worker.py": "from vllm_omni.worker.gpu_ar_model_runner import GPUARModelRunner\n"}
+
+
+@pytest.mark.parametrize("allowlisted", [True, False], ids=["setattr-allowlisted", "setattr-any-name"])
+def test_a_step_reading_what_the_vllm_runner_stopped_assigning_stops_the_llm_stage(tmp_path, allowlisted):
+    """The shape of vLLM 0.30 dropping ``GPUModelRunner.uses_xdrope_dim`` (XD-RoPE), which vllm-omni 0.24.0's runner
+    reads on every step, and 0.28 growing ``_prepare_inputs``' tuple under vllm-omni's unpack: both sit in what the
+    LLM / AR stage runs each step (``Entrypoint.runs``: the runner's ``execute_model``), not in what an import runs,
+    and stop the stage as its start would. vLLM's runner sets configs by name in ``update_config``, checked against a
+    literal set first: that sets nothing unknown; a ``setattr`` of any name leaves the class undecided."""
+    guard = ('if name not in {"model_config", "load_config"}:\n' + " " * 24 + "raise ValueError(name)\n" + " " * 20
+             if allowlisted else "")
+    runner = """
+        class GPUModelRunner:
+            def __init__(self):
+                self.model_config = None
+                {flag}
+            def update_config(self, overrides):
+                for name, value in overrides.items():
+                    {guard}setattr(self, name, value)
+            def _prepare_inputs(self, batch):
+                return ({returned})
+        """
+    old = {"vllm/runner.py": runner.format(flag="self.uses_feature = 0", guard=guard, returned="batch, None")}
+    new = {"vllm/runner.py": runner.format(flag="", guard=guard, returned="batch, None, 1")}
+    plugin = {**STAGE, "vllm_omni/worker/gpu_ar_model_runner.py": """
+        from vllm.runner import GPUModelRunner
+
+        class GPUARModelRunner(GPUModelRunner):
+            def execute_model(self, batch):
+                indices, spec = self._prepare_inputs(batch)
+                if self.uses_feature > 0:
+                    return indices
+                return spec
+        """}
+    (before, _, _), drift = _drift(tmp_path, plugin, old, new)
+    assert before == []
+    found = {(f.kind, f.vllm_object.removeprefix("vllm."), f.names): f for f in drift.findings}
+    unpack = found.pop(("unpack", "runner.GPUModelRunner._prepare_inputs", ("_prepare_inputs",)), None)
+    assert unpack is not None, (found, drift)
+    assert unpack.stops_in == (("llm_stage", ""),)  # each step runs it: the stage stops
+    if not allowlisted:  # the class may set anything by name: its attributes are not judged
+        assert found == {}
+        return
+    attribute = found.pop(("attribute", "runner.GPUModelRunner.uses_feature", ("uses_feature",)))
+    assert found == {}
+    assert attribute.readers == ("vllm_omni.worker.gpu_ar_model_runner.GPUARModelRunner.execute_model",)
+    assert attribute.stops_in == (("llm_stage", ""),)
+
+
 # ------------------------------------------------------------------------------- what an attribute holds
 
 

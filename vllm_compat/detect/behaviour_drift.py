@@ -113,6 +113,7 @@ class _Scan:
         self.owners: dict = {}  # (vLLM module, class) -> (plugin subclasses, self-callers, methods decided)
         self.built: set[str] = set()  # the plugin classes its functions build (``Cls(...)``): instantiated
         self.reported: set[tuple] = set()  # (plugin class, vLLM object) of the attribute findings made
+        self.readers: dict[tuple, int] = {}  # the same key -> its finding's index, where vllm-omni's code reads it
         self.writes: dict[str, list[tuple]] = {}  # attribute -> where vllm-omni sets it on a vLLM object (_write)
         self.subclasses: dict[str, list[Definition]] | None = None  # class path -> plugin classes deriving it
         self.memo: dict = {}  # per class / method node: _sets_by_name's and _self_reads' answers
@@ -249,15 +250,16 @@ class _Scan:
         return found if isinstance(found, Definition) and found.is_class else None
 
     def startup_paths(self, roots: dict[str, tuple[str, ...]]) -> dict[str, dict[str, str]]:
-        """``{entrypoint id: {plugin function or class built: condition}}`` for what its start runs: everything the
-        functions and the constructors of the classes of its root modules call of the plugin's own code,
+        """``{entrypoint id: {plugin function or class built: condition}}`` for what its start runs: the root
+        functions themselves (``Entrypoint.runs``), and everything they and the functions and the constructors of
+        the classes of its root modules call of the plugin's own code,
         transitively (through ``self.m()`` and ``self.x.m()`` where ``self.x`` holds a plugin class it built; calls
         on other objects are not followed: what they run counts as "when used"). The condition is "" where every
         call on the way runs whenever its caller does, else the first ``if`` test on the way (a path without one
         wins)."""
         found = {}
         for entrypoint, modules in roots.items():
-            reached = {caller: "" for caller in self.calls if caller.rpartition(".")[0] in modules
+            reached = {caller: "" for caller in self.calls if caller in modules or caller.rpartition(".")[0] in modules
                        or (caller.endswith(".__init__") and caller.rsplit(".", 2)[0] in modules)}
             todo = list(reached)
             while todo:
@@ -622,9 +624,15 @@ class _Scan:
                     continue  # vLLM's own business, as on its own classes
                 where = init_only.get(attribute, first_host)
                 key = (cls.path, f"{where.path}.{attribute}")
-                if key in self.reported:
+                reader = f"{owner.path}.{name}" if owner.side == "plugin" else ""
+                if key in self.reported:  # one finding an attribute; each vllm-omni function reading it noted
+                    found = self.readers.get(key)
+                    if found is not None and reader and reader not in self.findings[found].readers:
+                        self.findings[found] = dataclasses.replace(
+                            self.findings[found], readers=(*self.findings[found].readers, reader))
                     continue
                 self.reported.add(key)
+                self.readers[key] = len(self.findings)
                 if attribute in init_only:
                     detail = (f"vLLM's {owner.name}.{name} ({owner.module}:{line}) reads self.{attribute}, which only "
                               f"{where.name}.__init__ assigns, and {cls.name} never runs that __init__")
@@ -634,7 +642,7 @@ class _Scan:
                 self._add("attribute", f"{where.path}.{attribute}", cls.path,
                           owner.module if owner.side == "plugin" else cls.module,
                           line if owner.side == "plugin" else cls.node.lineno, detail, (attribute,),
-                          owner.module if owner.side == "host" else None)
+                          owner.module if owner.side == "host" else None, readers=(reader,) if reader else ())
 
     def _host_sources(self, needle: str):
         """``(host module, parsed)`` of the vLLM modules the plugin imports whose text holds ``needle``."""
@@ -753,15 +761,43 @@ _TRIVIAL = frozenset({"object", "ABC", "abc.ABC", "Generic", "typing.Generic", "
 
 def _sets_by_name(cls_node) -> bool:
     """Whether a class body sets instance attributes by name: ``setattr(self, ...)``, ``self.__dict__``,
-    ``vars(self)``, ``__slots__``-free tricks the files cannot follow."""
-    for node in ast.walk(cls_node):
-        if isinstance(node, ast.Call) and dotted(node.func) in ("setattr", "vars", "object.__setattr__") and \
-                node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self":
-            return True
-        if isinstance(node, ast.Attribute) and node.attr == "__dict__" and isinstance(node.value, ast.Name) \
-                and node.value.id == "self":
-            return True
+    ``vars(self)``, ``__slots__``-free tricks the files cannot follow. A ``setattr(self, name, ...)`` whose name is a
+    literal, or checked against a literal set of names first (``if name not in {"a", "b"}: raise``: vLLM's
+    ``GPUModelRunner.update_config``), sets nothing unknown."""
+    for function in [n for n in ast.walk(cls_node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        allowed = _allowlisted_names(function)
+        for node in ast.walk(function):
+            if isinstance(node, ast.Call) and dotted(node.func) in ("setattr", "vars", "object.__setattr__") and \
+                    node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self":
+                name = node.args[1] if len(node.args) > 1 else None
+                if not (isinstance(name, ast.Constant) or isinstance(name, ast.Name) and name.id in allowed):
+                    return True
+            if isinstance(node, ast.Attribute) and node.attr == "__dict__" and isinstance(node.value, ast.Name) \
+                    and node.value.id == "self":
+                return True
     return False
+
+
+def _allowlisted_names(function) -> set[str]:
+    """The variables ``function`` refuses unless in a literal set of names: ``if x not in <a literal, or a name
+    bound to one>:`` whose body ends in raise, return or continue."""
+    literals = {t.id for n in ast.walk(function) if isinstance(n, ast.Assign) and _literal_names(n.value)
+                for t in n.targets if isinstance(t, ast.Name)}
+    found = set()
+    for node in ast.walk(function):
+        test = node.test if isinstance(node, ast.If) else None
+        if isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and len(test.ops) == 1 \
+                and isinstance(test.ops[0], ast.NotIn) and node.body \
+                and isinstance(node.body[-1], (ast.Raise, ast.Return, ast.Continue)) \
+                and (_literal_names(test.comparators[0]) or dotted(test.comparators[0]) in literals):
+            found.add(test.left.id)
+    return found
+
+
+def _literal_names(node) -> bool:
+    """Whether ``node`` is a literal set, tuple or list of strings."""
+    return isinstance(node, (ast.Set, ast.Tuple, ast.List)) and bool(node.elts) and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
 
 
 def _skipped_inits(model: CodeModel, cls: Definition, walk) -> set[str]:
@@ -950,7 +986,7 @@ def scan(plugin_tree: SourceTree, host_tree: SourceTree, plugin: str = "vllm_omn
             host_modules.setdefault(name, set()).update(modules.get(importer, ()))
     run = _Scan(model, modules, host_modules)
     findings = run.run()
-    paths = run.startup_paths({e.id: tuple(r for r in (*e.roots, *e.scripts) if r in graph.modules)
+    paths = run.startup_paths({e.id: tuple(r for r in (*e.roots, *e.scripts) if r in graph.modules) + e.runs
                                for e in entrypoints_of(plugin)})
 
     def runs_at_start(finding: Finding, entrypoint_id: str) -> str | None:
@@ -959,6 +995,9 @@ def scan(plugin_tree: SourceTree, host_tree: SourceTree, plugin: str = "vllm_omn
         if finding.kind == "abstract":  # the class is built (its constructor runs), else any method of it runs
             built = [c for p, c in started.items() if p in (finding.plugin_object, finding.plugin_object + ".__init__")]
             conds = built or [c for p, c in started.items() if p.startswith(finding.plugin_object + ".")]
+            return None if not conds else "" if "" in conds else conds[0]
+        if finding.kind == "attribute":  # read by vllm-omni's own functions: the first that runs decides
+            conds = [started[r] for r in finding.readers if r in started]
             return None if not conds else "" if "" in conds else conds[0]
         if finding.kind not in ("call", "unpack") or finding.plugin_object not in started:
             return None

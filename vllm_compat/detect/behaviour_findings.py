@@ -31,12 +31,14 @@ class Finding:
     names: tuple[str, ...] = ()
     via: str | None = None
     entrypoints: tuple[str, ...] = ()
-    # (entrypoint id, condition) of the entrypoints whose start runs the site (``call`` / ``abstract``): condition ""
-    # where it always does, else the ``if`` test it runs under (a LoRA given at startup, an LLM stage)
+    # (entrypoint id, condition) of the entrypoints whose start or step runs the site (``call``, ``unpack``,
+    # ``abstract``, an ``attribute`` vllm-omni reads): condition "" where it always does, else the ``if`` test it runs
+    # under (a LoRA given at startup, an LLM stage)
     stops_in: tuple[tuple[str, str], ...] = ()
     signature: str = ""  # ``call``: the vLLM callable's parameters on the target
     condition: str = ""  # the ``if`` test the site runs under in its function ("" none)
     call_shape: str = ""  # ``call``: what vllm-omni passes, "<positionals>:<keywords>"
+    readers: tuple[str, ...] = ()  # ``attribute``: the vllm-omni functions reading it ("" where vLLM's method reads)
 
     def effect(self, entrypoint_id: str) -> str:
         """What it does to an entrypoint it reaches: "stops" it (its start always runs the site), "stops_when" a
