@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
-import re
 import threading
 import zipfile
 import zlib
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import range_server
 from vllm_compat.detect.file_owners import Distribution, find_listing_clashes
 from vllm_compat.detect.wheel_listing import (
     TAIL_BYTES,
@@ -92,24 +92,9 @@ class _Server:
                 if not path.is_file():
                     self.send_error(404)
                     return
-                data = path.read_bytes()
-                asked = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range") or "")
-                if server.ranges and asked:
-                    first, last = asked.groups()
-                    if first == "":
-                        first, last = max(0, len(data) - int(last)), len(data) - 1
-                    else:
-                        first, last = int(first), min(int(last or len(data) - 1), len(data) - 1)
-                    body = data[first:last + 1]
-                    self.send_response(206)
-                    self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
-                else:
-                    body = data
-                    self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
+                status, headers, body = range_server.answer(path.read_bytes(), self.headers.get("Range"), server.ranges)
                 server.sent += len(body)  # counted before the client can have read it
-                self.wfile.write(body)
+                range_server.send(self, status, headers, body)
 
             def log_message(self, *args):
                 pass

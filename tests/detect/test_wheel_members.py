@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import range_server
 from tests.support.wheels import wheel_or_skip
 from vllm_compat.detect import fact_cache, wheel_members, wheels
 from vllm_compat.detect.source_tree import SourceTree
@@ -64,26 +65,11 @@ class _Index:
                 if not self.path.startswith("/files/") or not path.is_file():
                     self.send_error(404)
                     return
-                data = path.read_bytes()
-                asked = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range") or "")
-                if server.ranges and asked:
-                    first, last = asked.groups()
-                    if first == "":
-                        first, last = max(0, len(data) - int(last)), len(data) - 1
-                    else:
-                        first, last = int(first), min(int(last or len(data) - 1), len(data) - 1)
-                    body = data[first:last + 1]
-                    if server.short and asked.group(1):
-                        body = body[:-server.short]
-                    self.send_response(206)
-                    self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
-                else:
-                    body = data
-                    self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
+                status, headers, body = range_server.answer(path.read_bytes(), self.headers.get("Range"), server.ranges)
+                if server.short and status == 206 and not self.headers.get("Range", "").startswith("bytes=-"):
+                    body = body[:-server.short]
                 server.sent[self.path] = server.sent.get(self.path, 0) + len(body)
-                self.wfile.write(body)
+                range_server.send(self, status, headers, body)
 
             def _page(self, project):
                 files = server.pages.get(project)

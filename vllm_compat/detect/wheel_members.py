@@ -36,6 +36,7 @@ each read, so a member at a time costs a request at a time.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import os
 import re
@@ -465,6 +466,22 @@ def plan_ranges(spans: list[tuple[int, int]], gap: int = GAP_BYTES,
     return [(a, b) for a, b in ranges]
 
 
+@contextlib.contextmanager
+def _ranged(fetcher):
+    """Reads with ``fetcher``: ``RangesUnsupported`` where the server ignored a range (it sends whole files), the
+    bytes and requests counted either way."""
+    try:
+        yield fetcher
+    except ListingError:
+        if fetcher.ignored_range:
+            raise RangesUnsupported() from None
+        raise
+    finally:
+        _count(fetcher)
+    if fetcher.ignored_range:
+        raise RangesUnsupported()
+
+
 def _fetch_ranges(url: str, ranges: list[tuple[int, int]], total: int, held: tuple[int, bytes]) -> dict:
     """``{first: bytes}`` of each range, ``WORKERS`` at a time; what ``held`` (``(start, bytes)``: the tail
     already read) covers is not asked again. Raises ``RangesUnsupported`` or ``ListingError``."""
@@ -474,17 +491,8 @@ def _fetch_ranges(url: str, ranges: list[tuple[int, int]], total: int, held: tup
         first, end = item
         if first >= held_start:
             return first, held_data[first - held_start:end - held_start]
-        fetcher = _Fetcher(url, _timeout())
-        try:
+        with _ranged(_Fetcher(url, _timeout())) as fetcher:
             data, size = fetcher(first, end - 1)
-        except ListingError:
-            if fetcher.ignored_range:
-                raise RangesUnsupported() from None
-            raise
-        finally:
-            _count(fetcher)
-        if fetcher.ignored_range:
-            raise RangesUnsupported()
         if size != total or len(data) != end - first:
             raise ListingError(f"the server answered {len(data)} bytes of {size} for bytes {first}-{end - 1} of a "
                                f"{total}-byte file")
@@ -501,24 +509,18 @@ def read_members(wheel: RemoteWheel, directory: Path | None = None) -> Path:
     docstring); returns the kept file. Raises ``RangesUnsupported`` (the server sends whole files) or
     ``ListingError`` (the wheel could not be read: its message says why)."""
     started, before = time.perf_counter(), (STATS["range_bytes"], STATS["range_requests"])
-    fetcher = _Fetcher(wheel.url, _timeout())
     try:
-        tail = _RemoteTail(fetcher)
-        if fetcher.ignored_range:
-            raise RangesUnsupported()
-        if wheel.size is not None and tail.size != wheel.size:
-            raise ListingError(f"{wheel.filename} is {tail.size} bytes on the server, {wheel.size} on the index")
-        with zipfile.ZipFile(tail) as archive:
-            infos = sorted(archive.infolist(), key=lambda i: i.header_offset)
-            directory_start = archive.start_dir
+        with _ranged(_Fetcher(wheel.url, _timeout())) as fetcher:
+            tail = _RemoteTail(fetcher)
+            if fetcher.ignored_range:
+                raise RangesUnsupported()
+            if wheel.size is not None and tail.size != wheel.size:
+                raise ListingError(f"{wheel.filename} is {tail.size} bytes on the server, {wheel.size} on the index")
+            with zipfile.ZipFile(tail) as archive:
+                infos = sorted(archive.infolist(), key=lambda i: i.header_offset)
+                directory_start = archive.start_dir
     except zipfile.BadZipFile as exc:
         raise ListingError(f"{wheel.filename} is not a zip file ({exc})") from exc
-    except ListingError:
-        if fetcher.ignored_range:
-            raise RangesUnsupported() from None
-        raise
-    finally:
-        _count(fetcher)
     ends = [i.header_offset for i in infos[1:]] + [directory_start]
     rows = [[i.filename, i.header_offset, end, i.compress_type, i.compress_size, i.CRC]
             for i, end in zip(infos, ends, strict=True)]
