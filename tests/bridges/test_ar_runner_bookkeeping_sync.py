@@ -21,6 +21,7 @@ import json
 import pytest
 
 from conftest import OMNI_VERSION, VLLM_VERSION, needs_omni, needs_startup_hook, run_python
+from vllm_compat.bridges import _runner_return as shared
 from vllm_compat.bridges import ar_runner_bookkeeping_sync as bridge
 from vllm_compat.config import Controls
 from vllm_compat.decide import Action
@@ -32,8 +33,8 @@ measured_omni = pytest.mark.skipif(OMNI_VERSION != "0.24.0", reason="expectation
 
 POINT = bridge.DRIFT_POINT
 STATIC = POINT.detect_static(StaticSite.installed())
-S = bridge.Shape
-F = bridge.BookkeepingFacts
+S = shared.Shape
+F = shared.ReturnFacts
 # vLLM 0.24's return, which vllm-omni 0.24.0 unpacks, and vLLM 0.30's (read from the wheels)
 OMNI = ("num_nans_in_logits", "logprobs_lists", "valid_sampled_token_ids", "prompt_logprobs_dict",
         "req_ids_output_copy", "req_id_to_index_output_copy", "invalid_req_indices")
@@ -86,37 +87,41 @@ class GPUARModelRunner(Base):
 """
 
 
+def _unpacked(caller):
+    return shared.unpacked_names(caller, bridge.METHOD)
+
+
 def _vllm_method(source=VLLM_SOURCE):
-    return bridge._method(bridge._class(bridge.parse_source(source), "GPUModelRunner"), "_bookkeeping_sync")
+    return shared._method(shared._class(shared.parse_source(source), "GPUModelRunner"), "_bookkeeping_sync")
 
 
 def _omni_caller(second: str = ""):
-    tree = bridge.parse_source(OMNI_SOURCE.format(second=second))
-    return bridge._method(bridge._class(tree, "GPUARModelRunner"), "sample_tokens")
+    tree = shared.parse_source(OMNI_SOURCE.format(second=second))
+    return shared._method(shared._class(tree, "GPUARModelRunner"), "sample_tokens")
 
 
 def test_readers_take_one_flat_tuple_of_names_on_each_side_and_find_the_other_branch():
     method = _vllm_method()
-    assert bridge.returned_names(method) == ("num_nans_in_logits", "num_nans", "tokens")  # the nested return: not its
-    assert bridge.recounts_of(method, ("num_nans",), ("num_nans_in_logits", "tokens"), ("logits",)) == (
+    assert shared.returned_names(method) == ("num_nans_in_logits", "num_nans", "tokens")  # the nested return: not its
+    assert shared.recounts_of(method, ("num_nans",), ("num_nans_in_logits", "tokens"), ("logits",)) == (
         ("num_nans", "num_nans_in_logits", "_get_nans_in_logits", ("logits",)),)
-    assert bridge.recounts_of(method, ("num_nans",), ("tokens",), ("logits",)) == ()  # not a value vllm-omni takes
+    assert shared.recounts_of(method, ("num_nans",), ("tokens",), ("logits",)) == ()  # not a value vllm-omni takes
     not_none = VLLM_SOURCE.replace("num_nans: object | None = None", "num_nans = 0")
-    assert bridge.recounts_of(_vllm_method(not_none), ("num_nans",), ("num_nans_in_logits",), ("logits",)) == ()
-    assert bridge.returned_names(_vllm_method(VLLM_SOURCE.replace("return (num_nans_in_logits", "return ((x, y)"))) \
+    assert shared.recounts_of(_vllm_method(not_none), ("num_nans",), ("num_nans_in_logits",), ("logits",)) == ()
+    assert shared.returned_names(_vllm_method(VLLM_SOURCE.replace("return (num_nans_in_logits", "return ((x, y)"))) \
         is None
-    assert bridge.unpacked_names(_omni_caller()) == ("a", "b")
-    assert bridge.unpacked_names(_omni_caller("(a, c) = self._bookkeeping_sync(1, 2)")) is None  # two that differ
-    assert bridge.unpacked_names(_omni_caller("x = self._bookkeeping_sync(1, 2)")) is None
-    assert bridge.unpacked_names(_omni_caller("use(self._bookkeeping_sync(1, 2))")) is None
-    assert bridge.unpacked_names(bridge._method(bridge._class(bridge.parse_source(
+    assert _unpacked(_omni_caller()) == ("a", "b")
+    assert _unpacked(_omni_caller("(a, c) = self._bookkeeping_sync(1, 2)")) is None  # two that differ
+    assert _unpacked(_omni_caller("x = self._bookkeeping_sync(1, 2)")) is None
+    assert _unpacked(_omni_caller("use(self._bookkeeping_sync(1, 2))")) is None
+    assert _unpacked(shared._method(shared._class(shared.parse_source(
         "class GPUARModelRunner:\n    def sample_tokens(self):\n        return 1\n"), "GPUARModelRunner"),
         "sample_tokens")) == ()
 
 
 def test_the_adaptation_picks_by_name_and_recounts_only_when_the_added_value_is_set():
     facts = F(S.DIFFERS, VLLM_030, OMNI, PARAMETERS, (RECOUNT,))
-    adaptation = bridge.Adaptation.of(facts)
+    adaptation = shared.Adaptation.of(facts)
     assert adaptation.picks == (0, 2, 3, 4, 5, 6, 7) and adaptation.width == 8
 
     class Runner:
