@@ -422,7 +422,8 @@ def _unreachable_index(monkeypatch):
 
 
 def _next_day(date: str) -> str:
-    from datetime import date as day, timedelta
+    from datetime import date as day
+    from datetime import timedelta
 
     return (day.fromisoformat(date) + timedelta(days=1)).isoformat()
 
@@ -522,8 +523,8 @@ def test_installing_034_024_from_the_written_file_leaves_no_clashing_files(tmp_p
     by uv directly: no two wheels install one file but the known harmless pairs; the same without the file's
     cuda-python line shows the clash (the test can fail)."""
     from tests.support.wheels import wheel_or_skip
-    from vllm_compat.known_clashes import known_clash
     from vllm_compat.detect.wheels import cache_dir
+    from vllm_compat.known_clashes import known_clash
 
     wheel_or_skip("vllm", "0.34.0")
     wheel_or_skip("vllm-omni", "0.24.0")
