@@ -204,7 +204,8 @@ class Report:
 
     def verdict(self) -> Verdict:
         """The one verdict doctor and ``check`` print: will each way of starting vllm-omni start here, and why.
-        Nothing to judge (exit 3) where there is no import drift to read: vLLM or vllm-omni is not installed.
+        Nothing to judge (exit 3) where there is no import drift to read: vLLM or vllm-omni is not installed (a
+        runtime check that failed on what is installed fails first).
 
         Missing vLLM names count once the decided bridges are applied (``import_drift``): first what stops
         ``import vllm_omni`` (then nothing starts), then what stops each entrypoint (``entrypoints.ENTRYPOINTS``:
@@ -214,6 +215,8 @@ class Report:
         natively when nothing needs to be. Where an entrypoint starts through a bridge that leaves a feature out
         (a raising stand-in), the verdict names that feature: it is never more optimistic than the env."""
         drift = self.import_drift
+        if drift is None and self.runtime_error:  # what is installed fails to import: that is the answer
+            return Verdict("failed", 1, "FAIL: the runtime check could not complete (see above).")
         if drift is None:  # the installed pair lacks vLLM or vllm-omni (check always reads both)
             return Verdict("nothing_to_judge", NOTHING_TO_JUDGE_EXIT, _nothing_to_judge(self.environment.versions))
         if drift is not None and not drift.import_ok:

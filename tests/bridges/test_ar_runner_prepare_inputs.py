@@ -117,16 +117,16 @@ def check_facts(point):
     version = Version(VLLM_VERSION)
     if version >= Version("0.34"):
         assert (static.shape, point.decide(static).action) == (S.NO_V1_RUNNER, Action.SKIPPED), static
-    elif version >= Version("0.28"):
+    elif version >= Version("0.28") and static.unpacked == UNPACKED:  # vllm-omni 0.24.0 / 0.26.0's 2-value unpack
         assert (static.shape, static.returned, static.unpacked) == (S.DIFFERS, RETURNED_028, UNPACKED), static
         assert point.decide(static).action == Action.PATCHED
-    else:
-        assert (static.shape, static.returned) == (S.SAME, UNPACKED), static
+    else:  # vLLM 0.24-0.27, or a vllm-omni (0.28.0+) unpacking vLLM's 3
+        assert static.shape == S.SAME and static.returned == static.unpacked, static
         assert point.decide(static).action == Action.SKIPPED
     assert point.detect_runtime(None) == static  # the runtime reading of the imported packages' files
 
 
-@pytest.mark.skipif(VLLM_VERSION is None, reason="needs vLLM")
+@needs_omni
 def test_facts_are_what_the_wheels_say():
     """vLLM 0.24-0.27 returns what vllm-omni unpacks; 0.28-0.33 add max_num_sampled_tokens; 0.34 has no V1 runner."""
     check_facts(POINT)
@@ -379,8 +379,9 @@ STATIC = POINT.detect_static(StaticSite.installed())
 RUNNER = "vllm_omni.worker.gpu_ar_model_runner:GPUARModelRunner"
 differs = pytest.mark.skipif(STATIC.shape != S.DIFFERS, reason="needs vLLM 0.28-0.33 under vllm-omni 0.24.0 / 0.26.0 "
                              f"(vLLM's _prepare_inputs returns more than vllm-omni unpacks); here {STATIC}")
-same = pytest.mark.skipif(STATIC.shape != S.SAME, reason="needs vLLM 0.24-0.27 (the values vllm-omni unpacks); here "
-                          f"{STATIC}")
+same = pytest.mark.skipif(STATIC.shape != S.SAME or STATIC.unpacked != UNPACKED, reason="needs vLLM 0.24-0.27 under "
+                          "vllm-omni 0.24.0 / 0.26.0 (the 2 values their runners unpack; the scenario builds those "
+                          f"runners); here {STATIC}")
 
 
 @needs_omni
