@@ -375,13 +375,19 @@ def check_native(point, runner):
     assert (patched["decision"], unpatched["decision"]) == (["skipped"], ["disabled"])
 
 
-STATIC = POINT.detect_static(StaticSite.installed())
+def shape_marks(point):
+    """(differs, same): the skip marks of the scenario's tests, from ``point``'s facts on the installed pair."""
+    static = point.detect_static(StaticSite.installed())
+    differs = pytest.mark.skipif(static.shape != S.DIFFERS, reason="needs vLLM 0.28-0.33 under vllm-omni 0.24.0 / "
+                                 f"0.26.0 (vLLM's _prepare_inputs returns more than vllm-omni unpacks); here {static}")
+    same = pytest.mark.skipif(static.shape != S.SAME or static.unpacked != UNPACKED, reason="needs vLLM 0.24-0.27 "
+                              "under vllm-omni 0.24.0 / 0.26.0 (the 2 values their runners unpack; the scenario builds "
+                              f"those runners); here {static}")
+    return differs, same
+
+
 RUNNER = "vllm_omni.worker.gpu_ar_model_runner:GPUARModelRunner"
-differs = pytest.mark.skipif(STATIC.shape != S.DIFFERS, reason="needs vLLM 0.28-0.33 under vllm-omni 0.24.0 / 0.26.0 "
-                             f"(vLLM's _prepare_inputs returns more than vllm-omni unpacks); here {STATIC}")
-same = pytest.mark.skipif(STATIC.shape != S.SAME or STATIC.unpacked != UNPACKED, reason="needs vLLM 0.24-0.27 under "
-                          "vllm-omni 0.24.0 / 0.26.0 (the 2 values their runners unpack; the scenario builds those "
-                          f"runners); here {STATIC}")
+differs, same = shape_marks(POINT)
 
 
 @needs_omni

@@ -15,26 +15,18 @@ from conftest import needs_omni, needs_startup_hook
 from tests.bridges.test_ar_runner_prepare_inputs import (
     DECISION_IDS,
     DECISIONS,
-    UNPACKED,
     check_decision,
     check_facts,
     check_native,
     check_patched,
     check_unpatched,
+    shape_marks,
 )
-from vllm_compat.bridges import _runner_return as shared
 from vllm_compat.bridges import generation_runner_prepare_inputs as bridge
-from vllm_compat.detect.static import StaticSite
 
 POINT = bridge.DRIFT_POINT
-STATIC = POINT.detect_static(StaticSite.installed())
-S = shared.Shape
 RUNNER = "vllm_omni.worker.gpu_generation_model_runner:GPUGenerationModelRunner"
-differs = pytest.mark.skipif(STATIC.shape != S.DIFFERS, reason="needs vLLM 0.28-0.33 under vllm-omni 0.24.0 / 0.26.0 "
-                             f"(vLLM's _prepare_inputs returns more than vllm-omni unpacks); here {STATIC}")
-same = pytest.mark.skipif(STATIC.shape != S.SAME or STATIC.unpacked != UNPACKED, reason="needs vLLM 0.24-0.27 under "
-                          "vllm-omni 0.24.0 / 0.26.0 (the 2 values their runners unpack; the scenario builds those "
-                          f"runners); here {STATIC}")
+differs, same = shape_marks(POINT)
 
 
 @pytest.mark.parametrize(("facts", "action", "leaves_out"), DECISIONS, ids=DECISION_IDS)
