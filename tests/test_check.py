@@ -220,6 +220,52 @@ def test_the_check_imports_no_vllm_vllm_omni_or_torch(wheel_cache):
     assert f"HEAVY [] {data['exit_code']}" in result.stderr
 
 
+def _resolving_beside_the_scans(monkeypatch, resolve_install) -> tuple:
+    """check.run on vLLM 0.31.0 + vllm-omni 0.24.0 (wheel paths) with ``resolve_install`` standing in for uv's
+    resolution (ours, not vLLM's); the event is set once the behavioural scan has answered."""
+    from vllm_compat import check
+    from vllm_compat.detect.static import StaticSite
+
+    vllm_wheel, omni_wheel = wheel_or_skip("vllm", "0.31.0"), wheel_or_skip("vllm-omni", "0.24.0")
+    scanned = threading.Event()
+    kept = StaticSite._kept
+
+    def kept_and_told(site, name, compute):
+        value = kept(site, name, compute)
+        if name == "behaviour_drift":
+            scanned.set()
+        return value
+
+    monkeypatch.setattr(StaticSite, "_kept", kept_and_told)
+    monkeypatch.setattr(check, "resolve_install", lambda result: resolve_install(result, scanned))
+    return check, *check.resolve_inputs([str(vllm_wheel), str(omni_wheel)])
+
+
+def test_the_resolution_runs_while_the_scans_run(monkeypatch, wheel_cache):
+    """uv's resolution waits on the index; the scans parse Python: a cold check takes the longer, not the sum."""
+    seen = {}
+
+    def resolve_install(result, scanned):
+        seen["in a thread of its own"] = threading.current_thread() is not threading.main_thread()
+        if seen["in a thread of its own"]:
+            seen["the scan answered meanwhile"] = scanned.wait(timeout=600)
+        result.dependencies.not_resolved = "stood in for"
+
+    check, vllm, omni = _resolving_beside_the_scans(monkeypatch, resolve_install)
+    result = check.run(vllm, omni, resolve=True)
+    assert seen == {"in a thread of its own": True, "the scan answered meanwhile": True}
+    assert result.dependencies.not_resolved == "stood in for"  # the thread's result is there when run returns
+
+
+def test_an_error_in_the_resolution_reaches_the_caller(monkeypatch, wheel_cache):
+    def resolve_install(result, scanned):
+        raise WheelError("no_network", "the index did not answer")
+
+    check, vllm, omni = _resolving_beside_the_scans(monkeypatch, resolve_install)
+    with pytest.raises(WheelError, match="the index did not answer"):
+        check.run(vllm, omni, resolve=True)
+
+
 # ------------------------------------------------------------------------------------------ the cache
 
 

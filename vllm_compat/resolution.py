@@ -416,8 +416,9 @@ class Resolved:
 
 
 def resolve_and_list(requirements: list[str], overrides: list[str], directory: Path | None = None,
-                     cache_only: str | None = None) -> Resolved:
-    """Steps 1-3 of the module docstring for one set of override lines (``cache_only``: see ``compile_pair``)."""
+                     cache_only: str | None = None, keyed: dict | None = None) -> Resolved:
+    """Steps 1-3 of the module docstring for one set of override lines (``cache_only``: see ``compile_pair``;
+    ``keyed``: the wheels' keyed paths, kept across rounds: ``find_listing_clashes``)."""
     from .detect.file_owners import Distribution, find_listing_clashes
     from .detect.wheel_listing import list_wheels
 
@@ -427,7 +428,7 @@ def resolve_and_list(requirements: list[str], overrides: list[str], directory: P
     wheels = compiled.wheels
     read = list_wheels(wheels, directory)
     clashes = find_listing_clashes([(Distribution(item.wheel.name, item.wheel.version, item.wheel.filename),
-                                     item.files) for item in read.listings])
+                                     item.files) for item in read.listings], keyed)
     return Resolved(compiled, len(read.listings), read.errors, read.fetched_bytes, read.requests, read.cached,
                     read.seconds, [judge(c) for c in clashes])
 
@@ -679,7 +680,9 @@ def resolve_pair(requirements: list[str], overrides: list[str], directory: Path 
     more with them added (at most ``FIX_ROUNDS``); ``fix`` is the last of those. ``tested``: {override line:
     the matrix cells of the pair installing with it}."""
     start = time.perf_counter()
-    resolution = Resolution(resolve_and_list(requirements, overrides, directory), tested=dict(tested or {}))
+    keyed: dict = {}  # each wheel's paths keyed once for every round
+    resolution = Resolution(resolve_and_list(requirements, overrides, directory, keyed=keyed),
+                            tested=dict(tested or {}))
     lines = list(overrides)
     for _ in range(FIX_ROUNDS):
         named = [line for line in resolution.override_lines if line not in lines]
@@ -689,7 +692,7 @@ def resolve_pair(requirements: list[str], overrides: list[str], directory: Path 
         # uv could not answer the last round: the next ones are read from the cache, not tried again
         last = resolution.last.compiled
         offline = last.stale or (last.reason if last.status in ("failed", "skipped") else None)
-        resolution.fix = resolve_and_list(requirements, lines, directory, cache_only=offline)
+        resolution.fix = resolve_and_list(requirements, lines, directory, cache_only=offline, keyed=keyed)
         resolution.rounds.append(resolution.fix)
     resolution.seconds = time.perf_counter() - start
     return resolution
