@@ -391,10 +391,10 @@ def rotation_share(seed: int, per_run: int) -> list[dict]:
 
 @nox.session(python=False)
 def rotation(session: nox.Session) -> None:
-    """CI's share of the non-default cells (VLLM_COMPAT_ROTATION cells, default 4), picked by the commit count."""
+    """CI's share of the non-default cells (VLLM_COMPAT_ROTATION cells, default 3), picked by the commit count."""
     import subprocess
 
-    per_run = int(os.environ.get("VLLM_COMPAT_ROTATION", "4"))
+    per_run = int(os.environ.get("VLLM_COMPAT_ROTATION", "3"))
     seed = os.environ.get("VLLM_COMPAT_ROTATION_SEED") or subprocess.run(
         ["git", "rev-list", "--count", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "0"
     cells = rotation_share(int(seed), per_run)
