@@ -292,6 +292,52 @@ def test_an_unknown_clash_is_said_on_the_dependencies_line_and_writes_no_overrid
     assert written == {} and header[1] == "UNVERIFIED: a file clash is left: alpha 1.0 / beta-pkg 2.0 (unknown)"
 
 
+def test_the_clashes_of_a_set_of_wheels_are_kept_and_a_changed_wheel_is_listed_again(tmp_path, monkeypatch):
+    """A second resolution picking the same wheels (the next round, the next check, any day) reads their clashes as
+    kept instead of reading and keying every listing again (a warm check of vLLM 0.34.0 + vllm-omni 0.24.0: 0.5 s
+    of 0.8); a wheel with other bytes is another set, listed again."""
+    from tests.detect.test_wheel_listing import ALPHA, BETA, _remote, _Server, _wheel
+    from vllm_compat import resolution
+    from vllm_compat.detect import wheel_listing
+    from vllm_compat.resolution import Compiled, resolve_and_list
+
+    root = tmp_path / "index"
+    root.mkdir()
+    server = _Server(root)
+    listed = []
+    list_wheels = wheel_listing.list_wheels
+
+    def counted(wheels, directory=None, *args, **kwargs):
+        listed.append([w.filename for w in wheels])
+        return list_wheels(wheels, directory, *args, **kwargs)
+
+    def resolved_as(wheels):
+        packages = [(w.name, w.version, w) for w in wheels]
+        monkeypatch.setattr(resolution, "compile_pair", lambda *a, **k: Compiled(
+            "resolved", ["uv"], ["alpha==1.0", "beta-pkg==2.0"], [], packages))  # ours: uv's step, not vLLM's
+        return resolve_and_list(["alpha==1.0", "beta-pkg==2.0"], [], tmp_path / "cache")
+
+    monkeypatch.setattr(wheel_listing, "list_wheels", counted)
+    try:
+        alpha = _remote(server, "alpha", "1.0", _wheel(root / "alpha-1.0-py3-none-any.whl", ALPHA))
+        beta = _remote(server, "beta-pkg", "2.0", _wheel(root / "beta_pkg-2.0-py3-none-any.whl", BETA))
+        first = resolved_as([alpha, beta])
+        again = resolved_as([beta, alpha])  # the same set, in another order
+        # beta rebuilt with alpha's shared/mod.py: same file name, other bytes (sha256)
+        rebuilt = _remote(server, "beta-pkg", "2.0", _wheel(root / "beta_pkg-2.0-py3-none-any.whl",
+                                                             {**BETA, "shared/mod.py": ALPHA["shared/mod.py"]}))
+        changed = resolved_as([alpha, rebuilt])
+    finally:
+        server.close()
+    assert len(listed) == 2  # the first set and the changed one; not the second asking
+    (clash,) = [f.clash for f in first.findings]
+    assert (clash.count, clash.differing) == (4, 3)  # as tests/detect/test_wheel_listing.py counts them
+    assert [f.to_dict() for f in again.findings] == [f.to_dict() for f in first.findings]
+    assert again.listed == first.listed == 2 and again.listings_cached == 2 and again.requests == 0
+    (changed_clash,) = [f.clash for f in changed.findings]
+    assert (changed_clash.count, changed_clash.differing) == (4, 2)  # shared/mod.py now the same bytes
+
+
 # ------------------------------------------------------------------- the overrides file: every line, each with why
 
 # vLLM 0.34.0 + vllm-omni 0.24.0 as uv resolved it on 2026-12-06 (issue 39): with huggingface-hub==2.4.0 alone,

@@ -21,8 +21,10 @@ cuda-python 12.6.2.post1 (an old monolithic wheel) beside cuda-bindings 13.5.0, 
 3. ``detect.file_owners.find_listing_clashes``: the pairs owning one file, by the same rules as the installed
    side, with how many shared files differ by CRC-32; each judged by its ``known_clashes`` row: an override line
    (written by ``check --overrides`` beside the conflict overrides, each with its reason), harmless, harmless once
-   one side is reinstalled (``wins``), or unknown. When overrides are named, the pair is resolved again with them
-   and listed (``fix``): the suggestion is checked, not assumed.
+   one side is reinstalled (``wins``), or unknown. The clashes of a set of wheels (each one's file name and
+   sha256) are kept in ``resolutions/clashes/``: a resolution picking the same set reads them instead of every
+   listing. When overrides are named, the pair is resolved again with them and listed (``fix``): the
+   suggestion is checked, not assumed.
 
 What this does not change: the verdict and exit code, as for dependency conflicts (they say whether the pair
 starts once installed as check says; the dependency lines say what installing takes). An unknown clash, or a
@@ -40,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 RESOLUTION_FORMAT = 3  # bump when the cached file's shape changes (3: the key leaves the date out)
@@ -426,11 +428,44 @@ def resolve_and_list(requirements: list[str], overrides: list[str], directory: P
     if compiled.status != "resolved":
         return Resolved(compiled)
     wheels = compiled.wheels
+    kept_path = _clashes_path(directory, wheels)
+    kept = _read_clashes(kept_path)
+    if kept is not None:  # the same wheels listed before: their clashes, not ~230 listings read and keyed again
+        listed, clashes = kept
+        return Resolved(compiled, listed, {}, 0, 0, listed, 0.0, [judge(c) for c in clashes])
     read = list_wheels(wheels, directory)
     clashes = find_listing_clashes([(Distribution(item.wheel.name, item.wheel.version, item.wheel.filename),
                                      item.files) for item in read.listings], keyed)
+    if not read.errors:  # a wheel not listed (the index unreachable) may list next time: nothing kept
+        _write_json(kept_path, {"format": RESOLUTION_FORMAT, "listed": len(read.listings),
+                                "clashes": [asdict(c) for c in clashes]})
     return Resolved(compiled, len(read.listings), read.errors, read.fetched_bytes, read.requests, read.cached,
                     read.seconds, [judge(c) for c in clashes])
+
+
+def _clashes_path(directory: Path | None, wheels) -> Path:
+    """Where the clashes of one set of wheels are kept: named by the set (each wheel's file name and sha256), so
+    any resolution, of any day, that picks the same wheels reads them."""
+    from .detect.wheels import cache_dir
+
+    folder = (cache_dir() if directory is None else Path(directory)) / "resolutions" / "clashes"
+    material = json.dumps(sorted((w.filename, w.sha256 or w.url) for w in wheels))
+    return folder / f"{hashlib.sha256(material.encode()).hexdigest()[:32]}.json"
+
+
+def _read_clashes(path: Path) -> tuple[int, list] | None:
+    """(wheels listed, their ``FileClash``es) as ``resolve_and_list`` kept them; None if not kept or unreadable."""
+    from .detect.file_owners import Distribution, FileClash
+
+    data = _read_answer(path)
+    if data is None:
+        return None
+    try:
+        return data["listed"], [FileClash(**{**c, "first": Distribution(**c["first"]),
+                                             "second": Distribution(**c["second"]), "paths": tuple(c["paths"])})
+                                for c in data["clashes"]]
+    except (KeyError, TypeError):
+        return None
 
 
 @dataclass

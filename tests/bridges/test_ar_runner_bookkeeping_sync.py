@@ -138,14 +138,15 @@ def test_the_adaptation_picks_by_name_and_recounts_only_when_the_added_value_is_
 @pytest.mark.skipif(VLLM_VERSION is None, reason="needs vLLM")
 @measured_omni
 def test_facts_are_what_the_wheels_say():
-    """vLLM 0.24 returns what vllm-omni 0.24.0 unpacks; 0.30 and 0.33 add num_nans second, set in the async branch of
-    the `if` whose sync branch computes num_nans_in_logits with _get_nans_in_logits(logits); 0.34 has no V1 runner."""
+    """vLLM 0.24-0.27 return what vllm-omni 0.24.0 unpacks; 0.28-0.33 add num_nans second, set in the async branch of
+    the `if` whose sync branch computes num_nans_in_logits with _get_nans_in_logits(logits) (read from the wheels:
+    0.28.0 is the first whose _bookkeeping_sync returns it); 0.34 has no V1 runner."""
     from packaging.version import Version
 
     version = Version(VLLM_VERSION)
     if version >= Version("0.34"):
         assert STATIC == F(S.NO_V1_RUNNER)
-    elif version >= Version("0.30"):
+    elif version >= Version("0.28"):
         assert STATIC == F(S.DIFFERS, VLLM_030, OMNI, PARAMETERS, (RECOUNT,))
     else:
         assert STATIC == F(S.SAME, OMNI, OMNI, PARAMETERS)

@@ -228,8 +228,14 @@ def test_unpatched_build_kv_manager_fails_with_the_real_type_error():
 def test_adapted_the_tensor_holds_the_old_meaning_in_the_new_fields(as_installed):
     out = as_installed
     assert out["decision"] == ["patched"] and out["build"] == "ok", out
+    import dataclasses
+
+    from vllm.v1.kv_cache_interface import KVCacheTensor
+
+    # host_resident (default False, which the adapter leaves) is a field from vLLM 0.30 on; 0.29's tensor lacks it
+    resident = {"host_resident": False} if "host_resident" in {f.name for f in dataclasses.fields(KVCacheTensor)} else {}
     assert out["tensor"] == {"size": PAGE * BLOCKS, "layers": LAYERS, "layer_stride": 0, "block_stride": PAGE,
-                             "offset": 0, "host_resident": False}
+                             "offset": 0, **resident}
     assert out["same_list_as_group"]  # layers is vllm-omni's list, as shared_by was
     assert {"size": out["tensor"]["size"], "starts": out["starts"]} == old_placement(PAGE, LAYERS, BLOCKS)
     # nothing in vLLM reads it on vllm-omni's path; vLLM's worker allocator, were it handed it, refuses loudly

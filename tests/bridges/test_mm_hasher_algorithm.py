@@ -184,7 +184,9 @@ def test_an_engine_without_an_algorithm_gets_vllms_default(patched_method, input
     config: the hash of the algorithm an engine started without ``--mm-hasher-algorithm`` uses (EngineArgs')."""
     from vllm.engine.arg_utils import EngineArgs
 
-    default = {f.name: f.default for f in dataclasses.fields(EngineArgs)}["mm_hasher_algorithm"]
+    field = {f.name: f for f in dataclasses.fields(EngineArgs)}["mm_hasher_algorithm"]
+    # EngineArgs' own field: a default (vLLM 0.30+) or a factory (0.27.1-0.29: the deprecated env variable, else blake3)
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
     red = _image("red")
     scoped = _scoped(patched_method, _engine(input_processor), {"multi_modal_data": {"image": red}})
     assert scoped == [f"stage0:rep1:{vllm_content_hash(red, default)}"]

@@ -278,8 +278,9 @@ def observed(tmp_path_factory):
 
 @needs_omni
 @needs_v1_model_runner
-@pytest.mark.skipif(STATIC.host != K.DEFINES or not STATIC.callers,
-                    reason=f"the native pair's own should_advance is the oracle (vLLM <= 0.29); here {STATIC}")
+@pytest.mark.skipif(STATIC.host != K.DEFINES or not STATIC.callers or VLLM_VERSION != "0.24.0",
+                    reason="NATIVE was measured on vLLM 0.24.0's own should_advance; vLLM 0.25-0.29 define their own "
+                           "(0.29's answers spec-decode and structural-tag ends differently, 2026-12-07)")
 def test_the_native_pair_gives_these(observed):
     assert observed["installed"] == {"cases": NATIVE, "direct": NATIVE_DIRECT, "left_out_warnings": 0}
 

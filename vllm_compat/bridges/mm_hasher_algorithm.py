@@ -113,6 +113,21 @@ class VllmAlgorithms:
     default: str
 
 
+def field_default(field) -> object:
+    """The value a config dataclass gives ``field`` when it is not passed: its default, or what its default factory
+    makes, either written plainly or through pydantic's ``Field(default=...)`` / ``Field(default_factory=...)``
+    (vLLM 0.27.1-0.29's ``mm_hasher_algorithm``, whose factory still reads the deprecated
+    ``VLLM_MM_HASHER_ALGORITHM``; 0.30+ writes ``"blake3"``)."""
+    import dataclasses
+
+    if field.default is dataclasses.MISSING:
+        return field.default_factory()  # TypeError from MISSING's call: the caller's refusal
+    if type(field.default).__name__ != "FieldInfo":
+        return field.default
+    info = field.default
+    return info.default_factory() if info.default_factory is not None else info.default
+
+
 def vllm_algorithms() -> VllmAlgorithms:
     """The names of vLLM's ``MMHasherAlgorithm`` and ``MultiModalConfig.mm_hasher_algorithm``'s default (what
     ``EngineArgs`` gives without ``--mm-hasher-algorithm``); ``PatchRefusedError`` where vLLM's config has neither."""
@@ -125,7 +140,8 @@ def vllm_algorithms() -> VllmAlgorithms:
         from vllm.config import multimodal
 
         names = typing.get_args(multimodal.MMHasherAlgorithm)
-        default = {f.name: f.default for f in dataclasses.fields(multimodal.MultiModalConfig)}["mm_hasher_algorithm"]
+        field = {f.name: f for f in dataclasses.fields(multimodal.MultiModalConfig)}["mm_hasher_algorithm"]
+        default = field_default(field)
     except (ImportError, AttributeError, KeyError, TypeError) as exc:
         raise PatchRefusedError(f"vLLM's hash_kwargs requires an algorithm, but vllm.config.multimodal does not say "
                                 f"which ones there are and which is the default (MMHasherAlgorithm, MultiModalConfig."
