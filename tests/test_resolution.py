@@ -359,7 +359,7 @@ def _rounds_of_034_024(last_status: str = "resolved"):
          {path: crc + 1 for path, crc in shared.items()})])
     seen = []
 
-    def resolve_and_list(requirements, overrides, directory=None, cache_only=None, keyed=None):
+    def resolve_and_list(requirements, overrides, directory=None, cache_only=None):
         seen.append(list(overrides))
         if FLASHINFER not in overrides:
             return Resolved(Compiled("unresolvable", ["uv"], requirements, overrides, missing=[

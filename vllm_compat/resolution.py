@@ -214,6 +214,13 @@ def _today() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d")
 
 
+def _resolutions_folder(directory: Path | None) -> Path:
+    """``resolutions/`` of the check's wheel cache (or of ``directory``): uv's answers, and the kept clashes."""
+    from .detect.wheels import cache_dir
+
+    return (cache_dir() if directory is None else Path(directory)) / "resolutions"
+
+
 def _answer_path(folder: Path, key: str, date: str) -> Path:
     return folder / f"{key}-{date}.json"
 
@@ -247,12 +254,10 @@ def compile_pair(requirements: list[str], overrides: list[str], directory: Path 
     or no TOML reader), the newest earlier answer of the same key, with ``stale`` saying why, else uv's failure.
     ``cache_only`` (why uv is not run: an earlier resolution of the same check could not reach the index, and
     uv's retries take 5-11 s each): the cached answers only."""
-    from .detect.wheels import cache_dir
-
     date = _today()
     shown = ["uv", "pip", "compile", "requirements.in", *(["--override", "overrides.txt"] if overrides else []),
              "--format", "pylock.toml", "--python", sys.executable]
-    folder = (cache_dir() if directory is None else Path(directory)) / "resolutions"
+    folder = _resolutions_folder(directory)
     key = _cache_key(requirements, overrides)
     path = _answer_path(folder, key, date)
     cached = _read_answer(path)
@@ -418,9 +423,8 @@ class Resolved:
 
 
 def resolve_and_list(requirements: list[str], overrides: list[str], directory: Path | None = None,
-                     cache_only: str | None = None, keyed: dict | None = None) -> Resolved:
-    """Steps 1-3 of the module docstring for one set of override lines (``cache_only``: see ``compile_pair``;
-    ``keyed``: the wheels' keyed paths, kept across rounds: ``find_listing_clashes``)."""
+                     cache_only: str | None = None) -> Resolved:
+    """Steps 1-3 of the module docstring for one set of override lines (``cache_only``: see ``compile_pair``)."""
     from .detect.file_owners import Distribution, find_listing_clashes
     from .detect.wheel_listing import list_wheels
 
@@ -435,7 +439,7 @@ def resolve_and_list(requirements: list[str], overrides: list[str], directory: P
         return Resolved(compiled, listed, {}, 0, 0, listed, 0.0, [judge(c) for c in clashes])
     read = list_wheels(wheels, directory)
     clashes = find_listing_clashes([(Distribution(item.wheel.name, item.wheel.version, item.wheel.filename),
-                                     item.files) for item in read.listings], keyed)
+                                     item.files) for item in read.listings])
     if not read.errors:  # a wheel not listed (the index unreachable) may list next time: nothing kept
         _write_json(kept_path, {"format": RESOLUTION_FORMAT, "listed": len(read.listings),
                                 "clashes": [asdict(c) for c in clashes]})
@@ -446,9 +450,7 @@ def resolve_and_list(requirements: list[str], overrides: list[str], directory: P
 def _clashes_path(directory: Path | None, wheels) -> Path:
     """Where the clashes of one set of wheels are kept: named by the set (each wheel's file name and sha256), so
     any resolution, of any day, that picks the same wheels reads them."""
-    from .detect.wheels import cache_dir
-
-    folder = (cache_dir() if directory is None else Path(directory)) / "resolutions" / "clashes"
+    folder = _resolutions_folder(directory) / "clashes"
     material = json.dumps(sorted((w.filename, w.sha256 or w.url) for w in wheels))
     return folder / f"{hashlib.sha256(material.encode()).hexdigest()[:32]}.json"
 
@@ -715,9 +717,7 @@ def resolve_pair(requirements: list[str], overrides: list[str], directory: Path 
     more with them added (at most ``FIX_ROUNDS``); ``fix`` is the last of those. ``tested``: {override line:
     the matrix cells of the pair installing with it}."""
     start = time.perf_counter()
-    keyed: dict = {}  # each wheel's paths keyed once for every round
-    resolution = Resolution(resolve_and_list(requirements, overrides, directory, keyed=keyed),
-                            tested=dict(tested or {}))
+    resolution = Resolution(resolve_and_list(requirements, overrides, directory), tested=dict(tested or {}))
     lines = list(overrides)
     for _ in range(FIX_ROUNDS):
         named = [line for line in resolution.override_lines if line not in lines]
@@ -727,7 +727,7 @@ def resolve_pair(requirements: list[str], overrides: list[str], directory: Path 
         # uv could not answer the last round: the next ones are read from the cache, not tried again
         last = resolution.last.compiled
         offline = last.stale or (last.reason if last.status in ("failed", "skipped") else None)
-        resolution.fix = resolve_and_list(requirements, lines, directory, cache_only=offline, keyed=keyed)
+        resolution.fix = resolve_and_list(requirements, lines, directory, cache_only=offline)
         resolution.rounds.append(resolution.fix)
     resolution.seconds = time.perf_counter() - start
     return resolution

@@ -323,36 +323,26 @@ def _pairs(dists: list[Distribution], shared: dict[str, set[int]]) -> dict[tuple
 NOT_INSTALLED = "not installed: the install order decides"
 
 
-def _landing_paths(files: dict[str, int | None]) -> dict[str, int | None]:
-    """``{wheel_path_key: CRC-32}`` of one wheel's listing, the first path of each key."""
-    keyed: dict[str, int | None] = {}
-    for path, crc in files.items():
-        key = wheel_path_key(path)
-        if key is not None and key not in keyed:
-            keyed[key] = crc
-    return keyed
-
-
-def find_listing_clashes(listings, keyed: dict | None = None) -> list[FileClash]:
+def find_listing_clashes(listings) -> list[FileClash]:
     """The clashes among wheels not installed yet: ``listings`` is ``[(Distribution, {archive path: CRC-32})]``
     (``detect.wheel_listing``); each path is keyed by where it lands (``wheel_path_key``, the module's rules), one
     ``FileClash`` per pair as ``find_file_clashes`` reports them, ``differing`` by the zip's CRC-32 instead of the
-    RECORD's sha256, and ``on_disk`` None (nothing is on disk yet). ``keyed``: {Distribution: its keyed paths},
-    kept by a caller that asks again about the same wheels (``check``'s resolution rounds: keying vLLM's ~140,000
-    paths costs ~0.25 s a time)."""
-    keyed = {} if keyed is None else keyed
+    RECORD's sha256, and ``on_disk`` None (nothing is on disk yet)."""
     dists = [dist for dist, _ in listings]
     first: dict[str, int] = {}
     shared: dict[str, set[int]] = {}
     crcs: list[dict[str, int | None]] = []
-    for index, (dist, files) in enumerate(listings):
-        if dist not in keyed:
-            keyed[dist] = _landing_paths(files)
-        for key in keyed[dist]:
+    for index, (_, files) in enumerate(listings):
+        keyed = {}
+        for path, crc in files.items():
+            key = wheel_path_key(path)
+            if key is None or key in keyed:
+                continue
+            keyed[key] = crc
             owner = first.setdefault(key, index)
             if owner != index:
                 shared.setdefault(key, {owner}).add(index)
-        crcs.append(keyed[dist])
+        crcs.append(keyed)
     clashes = []
     for (a, b), keys in _pairs(dists, shared).items():
         differ = sum(1 for k in keys if crcs[a][k] is None or crcs[a][k] != crcs[b][k])
