@@ -136,6 +136,10 @@ def called(script: str) -> str:
     return f"{script} (functions)"
 
 
-def entrypoints_of(plugin: str) -> tuple[Entrypoint, ...]:
-    """The entrypoints of ``plugin`` (a top-level package); none for a package the table does not know."""
-    return ENTRYPOINTS.get(plugin, ())
+def entrypoints_of(plugin: str, release=None, host_refs: tuple = ()) -> tuple[Entrypoint, ...]:
+    """The entrypoints of ``plugin`` (a top-level package): the table's where it names them (vllm-omni's, as data);
+    else those its release registers and names (``release``: a ``detect.plugin_entrypoints.PluginEntrypoints``,
+    with ``host_refs``, what vLLM imports of it); none for a package the table does not know and no release."""
+    if plugin in ENTRYPOINTS or release is None:
+        return ENTRYPOINTS.get(plugin, ())
+    return release.entrypoints(host_refs)

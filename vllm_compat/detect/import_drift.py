@@ -384,17 +384,20 @@ def _name_missing_package(index, unresolved: UnresolvedImport) -> UnresolvedImpo
     return unresolved
 
 
-def check_import_drift(plugin_tree: SourceTree, host_tree: SourceTree, plugin: str = "vllm_omni") -> ImportDrift | None:
+def check_import_drift(plugin_tree: SourceTree, host_tree: SourceTree, plugin: str = "vllm_omni",
+                       entrypoints: tuple | None = None) -> ImportDrift | None:
     """Check ``plugin``'s runtime vLLM imports in ``plugin_tree`` against the vLLM in ``host_tree``, and follow
-    the package and each of its entrypoints (``entrypoints.ENTRYPOINTS``) through the plugin's own imports. None
-    when either package is absent (nothing to check)."""
+    the package and each of its entrypoints through the plugin's own imports: ``entrypoints`` (``Entrypoint``
+    records; another plugin's come from its release, ``detect.plugin_entrypoints``), else the table's
+    (``entrypoints.entrypoints_of``). None when either package is absent (nothing to check)."""
     from .host_index import host_index
     from .import_graph import plugin_graph
 
     if not plugin_tree.has_package(plugin) or not host_tree.has_package(HOST):
         return None
+    entrypoints = entrypoints_of(plugin) if entrypoints is None else tuple(entrypoints)
     index = host_index(host_tree)
-    graph = plugin_graph(plugin_tree, plugin, HOST, tuple(s for e in entrypoints_of(plugin) for s in e.scripts))
+    graph = plugin_graph(plugin_tree, plugin, HOST, tuple(s for e in entrypoints for s in e.scripts))
     checked = unknown = 0
     unresolved = []
     for imported in graph.host_imports:
@@ -420,20 +423,20 @@ def check_import_drift(plugin_tree: SourceTree, host_tree: SourceTree, plugin: s
                                                    "name not defined"))
     unresolved = [_name_missing_package(index, u) for u in unresolved]
     package_reach = graph.reached(plugin)
-    entrypoints = []
-    for entrypoint in entrypoints_of(plugin):
+    found = []
+    for entrypoint in entrypoints:
         roots = tuple(root for root in entrypoint.roots if root in graph.modules)
         runs = roots + tuple(called(s) for s in entrypoint.scripts if called(s) in graph.modules)
         reach = set().union(*(graph.reached(root) for root in runs))
         packages = tuple(UnresolvedImport(importer, line, package, None, PACKAGE_NOT_INSTALLED)
                          for package, (importer, line) in graph.packages_needed(plugin_tree, reach).items())
-        entrypoints.append(EntrypointDrift(entrypoint.id, entrypoint.label, roots,
-                                           tuple(u for u in unresolved if u.importer in reach), packages,
-                                           entrypoint.part_of))
+        found.append(EntrypointDrift(entrypoint.id, entrypoint.label, roots,
+                                     tuple(u for u in unresolved if u.importer in reach), packages,
+                                     entrypoint.part_of))
     return ImportDrift(plugin=plugin, files=len(graph.modules), checked=checked, unknown=unknown,
                        unresolved=tuple(unresolved),
                        blocking=tuple(u for u in unresolved if u.importer in package_reach),
-                       entrypoints=tuple(entrypoints))
+                       entrypoints=tuple(found))
 
 
 def detect_import_drift(plugin: str = "vllm_omni") -> ImportDrift | None:

@@ -31,6 +31,7 @@ from .source_tree import SourceTree
 
 _TOP_LINE = re.compile(r"\n[^\s#)\]}]")  # a column-0 statement (not a closing bracket); "\n" first: fast
 _HOST_IMPORT = re.compile(r"vllm(?:_omni)?[ \t.,\n\\]")  # literal prefix: fast; line checked afterwards
+_PLUGIN_IMPORTS: dict[str, re.Pattern] = {}
 _RELATIVE_IMPORT = re.compile(r"from[ \t]+\.")
 _IMPORT_ERRORS = re.compile(r"\b(?:ImportError|ModuleNotFoundError|Exception|BaseException)\b")
 _TYPE_CHECKING_IF = re.compile(r"(?:el)?if[ \t(]+(?:typing\.)?TYPE_CHECKING[ \t)]*:")
@@ -294,13 +295,23 @@ def _parse_import(statement: str) -> tuple[int, str | None, list[str]] | None:
     return len(match.group(1)), match.group(2) or None, names
 
 
+def _candidates(plugin: str) -> re.Pattern:
+    """The candidate-line prefilter of ``plugin_imports``: vLLM's name, or ``plugin``'s (its absolute self-imports,
+    ``from tpu_inference.runner import ...``, are edges of its import graph even where the line never says vllm)."""
+    found = _PLUGIN_IMPORTS.get(plugin)
+    if found is None:  # vllm_omni's own is _HOST_IMPORT: it names it already
+        found = _PLUGIN_IMPORTS[plugin] = _HOST_IMPORT if _HOST_IMPORT.match(plugin + " ") else re.compile(
+            r"(?:vllm(?:_omni)?|" + re.escape(plugin) + r")[ \t.,\n\\]")
+    return found
+
+
 def plugin_imports(tree: SourceTree, relpath: str, plugin: str):
     """Yield ``(line, level, module, names, context)`` for each import in one plugin file that names vLLM,
     the plugin itself, or a relative module (``level`` -1 for ``import x.y``, names then being modules)."""
     text = tree.read(relpath)
     if not text:
         return
-    matches = list(_HOST_IMPORT.finditer(text)) + list(_RELATIVE_IMPORT.finditer(text))
+    matches = list(_candidates(plugin).finditer(text)) + list(_RELATIVE_IMPORT.finditer(text))
     if not matches:
         return
     spans = top_lines = None
