@@ -27,7 +27,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
+import tarfile
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -36,7 +38,14 @@ from pathlib import Path
 from .detect.source_tree import SourceTree
 
 # fetch_wheel: tests patch check.fetch_wheel to prove nothing is fetched (open_release calls it for pip's download)
-from .detect.wheels import PACKAGES, WheelError, fetch_wheel, newest_version, normalize_distribution  # noqa: F401
+from .detect.wheels import (  # noqa: F401
+    PACKAGES,
+    WheelError,
+    canonical_distribution,
+    fetch_wheel,
+    newest_version,
+    normalize_distribution,
+)
 
 # set to 1, check resolves nothing (as --no-resolve); the test suite sets it, the resolution's own tests unset it
 NO_RESOLVE_VAR = "VLLM_COMPAT_NO_RESOLVE"
@@ -46,11 +55,19 @@ NO_RESOLVE_VAR = "VLLM_COMPAT_NO_RESOLVE"
 class CheckInput:
     """One side of the check: which distribution, where its files are and how they were found."""
 
-    distribution: str  # "vllm" | "vllm-omni"
-    tree: SourceTree
+    distribution: str  # "vllm" | "vllm-omni" | another plugin's, normalized ("tpu-inference")
+    tree: SourceTree  # an sdist's: ``plugin_entrypoints.ArchiveTree``, read as a SourceTree is
     version: str | None
     source: str  # "downloaded" | "cache" | "path" | "installed"
-    location: str  # the wheel, tree or site-packages read
+    location: str  # the wheel, sdist, tree or site-packages read
+    # another plugin's entrypoints and declared vLLM range, read from its release (``read_plugin``); None for
+    # vLLM and vllm-omni (whose entrypoints are the table's, ``entrypoints.ENTRYPOINTS``)
+    release: object = None
+
+    @property
+    def is_plugin(self) -> bool:
+        """A plugin other than vllm-omni: checked by ``plugin_check`` (import reading and declared range)."""
+        return self.release is not None
 
     def to_dict(self) -> dict:
         return {"version": self.version, "source": self.source, "location": self.location}
@@ -69,16 +86,57 @@ def _tree_input(spec: str) -> list[CheckInput]:
     path = Path(spec).expanduser()
     if not path.exists():
         raise _usage(f"{spec} does not exist; pass NAME==VERSION (vllm==0.33.0), a wheel file or an unpacked tree.")
-    if path.is_file() and not zipfile.is_zipfile(path):
-        raise WheelError("not_a_wheel", f"{spec} is not a wheel (not a zip file); pass a vLLM or vllm-omni "
-                                        f"wheel, an unpacked tree or NAME==VERSION.")
-    tree = SourceTree(path)
-    found = [CheckInput(dist, tree, tree.distribution_version(dist), "path", str(path))
-             for dist, package in PACKAGES.items() if tree.has_package(package)]
+    sdist = path.is_file() and path.name.endswith((".tar.gz", ".tgz")) and tarfile.is_tarfile(path)
+    if path.is_file() and not sdist and not zipfile.is_zipfile(path):
+        raise WheelError("not_a_wheel", f"{spec} is not a wheel (not a zip file); pass a vLLM, vllm-omni or vLLM "
+                                        f"plugin wheel (or a plugin's sdist), an unpacked tree or NAME==VERSION.")
+    found = [] if sdist else [CheckInput(dist, tree, tree.distribution_version(dist), "path", str(path))
+                              for tree in [SourceTree(path)]
+                              for dist, package in PACKAGES.items() if tree.has_package(package)]
     if not found:
-        raise WheelError("not_vllm", f"{spec} holds neither vLLM (vllm/__init__.py) nor vllm-omni "
-                                     f"(vllm_omni/__init__.py); pass a vLLM or vllm-omni wheel or tree.")
+        plugin = _plugin_input(path, "path", str(path))
+        if plugin is None:
+            raise WheelError("not_vllm", f"{spec} holds neither vLLM (vllm/__init__.py), vllm-omni "
+                                         f"(vllm_omni/__init__.py) nor a vLLM plugin (an entry point in "
+                                         f"{' or '.join(_plugin_groups())}, or a module importing vllm); pass a "
+                                         f"vLLM, vllm-omni or plugin wheel or tree.")
+        found = [plugin]
     return found
+
+
+def _plugin_groups() -> tuple[str, ...]:
+    from .detect.plugin_entrypoints import PLUGIN_GROUPS
+
+    return PLUGIN_GROUPS
+
+
+_IMPORTS_VLLM = re.compile(r"^[ \t]*(?:from[ \t]+vllm[ \t.]|import[ \t]+vllm\b)", re.M)
+
+
+def _plugin_input(path: Path, source: str, location: str, distribution: str | None = None) -> CheckInput | None:
+    """The vLLM plugin in ``path`` (a wheel, an sdist or an unpacked tree): one that registers an entry point in
+    vLLM's plugin groups, ships a startup hook, or has a module importing vllm; None for anything else (and for
+    vLLM itself). Its entrypoints and declared range are read here (``read_plugin``: files only)."""
+    from .detect.plugin_entrypoints import HOST, ArchiveTree, read_plugin
+
+    try:
+        release = read_plugin(path, distribution)
+    except (ValueError, OSError, tarfile.TarError, zipfile.BadZipFile):
+        return None
+    if HOST in release.packages:
+        return None
+    if release.source == "sdist":
+        tree = ArchiveTree(path)
+    else:
+        tree = SourceTree(path)
+        if not tree.has_package(release.packages[0]) and (path / "src").is_dir():  # an unpacked src/ layout
+            tree = SourceTree(path / "src")
+    if not (release.callables or release.startup or any(
+            _IMPORTS_VLLM.search(tree.read(relpath) or "") for package in release.packages
+            for relpath in tree.walk_py(package))):
+        return None
+    name = canonical_distribution(release.distribution) or release.distribution
+    return CheckInput(name, tree, release.version, source, location, release)
 
 
 def _index_input(distribution: str, version: str | None) -> CheckInput:
@@ -93,6 +151,29 @@ def _index_input(distribution: str, version: str | None) -> CheckInput:
                                      f"{PACKAGES[distribution]} package; delete it from the cache and retry.")
     return CheckInput(distribution, tree, tree.distribution_version(distribution) or version,
                       release.source, release.location)
+
+
+def _plugin_index_input(distribution: str, version: str | None) -> CheckInput:
+    """Another plugin's release from the index: the cache first (a whole wheel, its kept members, else an sdist:
+    kvcached publishes no wheel), else its source members by range requests (``open_release``)."""
+    from .detect.wheel_members import open_release
+    from .detect.wheels import cache_dir, cached_sdist
+
+    if version is None:
+        version = newest_version(distribution)
+    release = open_release(distribution, version, fetch=False)
+    sdist = cached_sdist(distribution, version, cache_dir()) if release is None else None
+    if sdist is not None:
+        location, source = str(sdist), "cache"
+    else:
+        release = release or open_release(distribution, version)
+        location, source = release.location, release.source
+    found = _plugin_input(Path(location), source, location, distribution)
+    if found is None:
+        raise WheelError("not_plugin", f"{distribution}=={version} ({location}) is no vLLM plugin: it registers "
+                                       f"nothing in {' or '.join(_plugin_groups())} and no module of it imports "
+                                       f"vllm; name vllm-omni or a vLLM plugin (tpu-inference==X, vllm-ascend==X).")
+    return found
 
 
 def _installed_omni() -> CheckInput | None:
@@ -111,10 +192,11 @@ def _parse_spec(spec: str) -> tuple[str, str | None]:
     from packaging.version import InvalidVersion, Version
 
     name, sep, version = spec.partition("==")
-    distribution = normalize_distribution(name.strip())
+    distribution = canonical_distribution(name.strip())
     if distribution is None or any(op in name for op in "<>=!~ "):
-        raise _usage(f"{spec!r} is not one of vllm==VERSION, vllm-omni==VERSION, a wheel file or a tree "
-                     f"(an exact version: the check reads one release).")
+        raise _usage(f"{spec!r} is not one of vllm==VERSION, vllm-omni==VERSION, PLUGIN==VERSION (a vLLM plugin: "
+                     f"tpu-inference==0.22.0), a wheel file or a tree (an exact version: the check reads one "
+                     f"release).")
     if sep and not version.strip():
         raise _usage(f"{spec!r} names no version; write {distribution}==X, or {distribution} alone for the newest.")
     if version.strip():
@@ -127,10 +209,13 @@ def _parse_spec(spec: str) -> tuple[str, str | None]:
 
 
 def resolve_inputs(specs: list[str], newest: bool = False) -> tuple[CheckInput, CheckInput]:
-    """(vLLM, vllm-omni) for the command line. Every argument is parsed before anything is fetched; a tree
-    holding both packages (a site-packages) serves both sides unless the other side is given too; without a
-    vllm-omni argument, the vllm-omni installed here. Raises ``WheelError`` (kind "usage" and the fetch errors)."""
-    # per side: (argument, distribution, version or the input read from a path); names are fetched below
+    """(vLLM, the plugin) for the command line: the plugin is vllm-omni or any other vLLM plugin (``PLUGIN==Y``,
+    its wheel, sdist or tree: ``CheckInput.is_plugin``). Every argument is parsed before anything is fetched; a
+    tree holding both vLLM and vllm-omni (a site-packages) serves both sides unless the other side is given too;
+    without a plugin argument, the vllm-omni installed here. Raises ``WheelError`` (kind "usage" and the fetch
+    errors)."""
+    # per side: (argument, distribution, version or the input read from a path); names are fetched below. The
+    # plugin side is keyed "vllm-omni" whichever plugin it holds.
     wanted: dict[str, list] = {"vllm": [], "vllm-omni": []}
     shared: dict[str, CheckInput] = {}  # from a tree holding both packages
     if newest:
@@ -142,28 +227,39 @@ def resolve_inputs(specs: list[str], newest: bool = False) -> tuple[CheckInput, 
                 if len(found) == 2:
                     shared.setdefault(item.distribution, item)
                 else:
-                    wanted[item.distribution].append((spec, item.distribution, item))
+                    wanted[_side(item.distribution)].append((spec, item.distribution, item))
             continue
         distribution, version = _parse_spec(spec)
-        wanted[distribution].append((spec, distribution, version))
-    for distribution, items in wanted.items():
+        wanted[_side(distribution)].append((spec, distribution, version))
+    for side, items in wanted.items():
         if len(items) > 1:
-            raise _usage(f"{len(items)} {distribution} inputs given ({', '.join(i[0] for i in items)}); pass one.")
+            named = {i[1] for i in items}
+            raise _usage(f"{len(items)} {side} inputs given ({', '.join(i[0] for i in items)}); pass one."
+                         if len(named) == 1 else
+                         f"{len(items)} plugins given ({', '.join(i[0] for i in items)}); check reads one plugin "
+                         f"against one vLLM: pass one.")
     if not wanted["vllm"] and "vllm" not in shared:
         raise _usage("name the vLLM to check: vllm==X, a vLLM wheel or tree, or --newest.")
 
     def fetch(distribution: str) -> CheckInput | None:
         if not wanted[distribution]:
             return shared.get(distribution)
-        _, _, version_or_input = wanted[distribution][0]
+        _, name, version_or_input = wanted[distribution][0]
         if isinstance(version_or_input, CheckInput):
             return version_or_input
-        return _index_input(distribution, version_or_input)
+        if name not in PACKAGES:
+            return _plugin_index_input(name, version_or_input)
+        return _index_input(name, version_or_input)
 
     omni = fetch("vllm-omni") or _installed_omni()
     if omni is None:
         raise _usage("no vllm-omni is installed here; name the one to check against: vllm-omni==X or its wheel.")
     return fetch("vllm"), omni
+
+
+def _side(distribution: str) -> str:
+    """Which side of the check ``distribution`` is: "vllm", or the plugin's (keyed "vllm-omni")."""
+    return "vllm" if distribution == "vllm" else "vllm-omni"
 
 
 # ------------------------------------------------------------------------------------------------ check
@@ -404,6 +500,8 @@ def run_check(args) -> int:
     stderr line says which do; ``--json`` then holds the gate under ``require``."""
     try:
         vllm, omni = resolve_inputs(list(args.specs), newest=args.newest)
+        if omni.is_plugin:
+            return _run_plugin_check(args, vllm, omni)
         result = run(vllm, omni, resolve=resolve_enabled(args))
     except WheelError as exc:
         print(f"vllm-compat check: {exc}", file=sys.stderr)
@@ -424,6 +522,28 @@ def run_check(args) -> int:
     if _write_outputs(args, result) is not None:
         return 2
     return answer.exit_code if answer is not None else result.exit_code
+
+
+def _run_plugin_check(args, vllm: CheckInput, plugin: CheckInput) -> int:
+    """``check`` for a plugin other than vllm-omni (``plugin_check``): its screen or ``--json``, 0 / 1. What only
+    vllm-omni has (``--require``'s entrypoint ids, ``--overrides``, ``--constraints``) is refused with exit 2."""
+    from .plugin_check import run as run_plugin
+
+    asked = [flag for flag, value in (("--require", getattr(args, "require", None)),
+                                      ("--overrides", getattr(args, "overrides", None)),
+                                      ("--constraints", getattr(args, "constraints", None))) if value]
+    if asked:
+        raise _usage(f"{', '.join(asked)} serve vllm-omni only (its named entrypoints, its resolution and its matrix "
+                     f"cells); for {plugin.distribution} read the verdict or --json.")
+    result = run_plugin(vllm, plugin)
+    if getattr(args, "json", False):
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        from .reporting import SHORT_WIDTH, wrap_lines
+
+        print("\n".join(wrap_lines(result.lines(verbose=getattr(args, "verbose", False)),
+                                   getattr(args, "width", None) or SHORT_WIDTH)))
+    return result.exit_code
 
 
 def _write_outputs(args, result: CheckResult) -> int | None:

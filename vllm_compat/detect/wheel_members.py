@@ -52,7 +52,7 @@ from pathlib import Path
 
 from .source_tree import SourceTree
 from .wheel_listing import TIMEOUT_S, ListingError, RemoteWheel, _Fetcher, _RemoteTail
-from .wheels import PACKAGES, WheelError, cache_dir, cached_wheel
+from .wheels import WheelError, cache_dir, cached_wheel, file_prefix
 
 MEMBERS_FORMAT = 1  # bump when the kept file's shape or ``is_source_member`` changes: kept files are read again
 _COMMENT = f"vllm-compat members {MEMBERS_FORMAT}".encode()  # the kept file's zip comment
@@ -280,7 +280,7 @@ def stored_release(distribution: str, version: str, directory: Path | None = Non
         names = sorted(os.listdir(folder))
     except OSError:
         return None
-    prefix, rank = PACKAGES.get(distribution, distribution.replace("-", "_")) + "-", None
+    prefix, rank = file_prefix(distribution) + "-", None
     best, best_score = None, None
     for name in names:
         match = _STORE_NAME.match(name)

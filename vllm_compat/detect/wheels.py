@@ -29,7 +29,8 @@ from pathlib import Path
 from ..errors import VllmCompatError
 
 CACHE_VAR = "VLLM_COMPAT_WHEEL_CACHE"
-# distribution -> the top-level package its wheel must hold (how a wheel is told apart from any other)
+# distribution -> the top-level package its wheel must hold (how a wheel is told apart from any other); any other
+# distribution (a vLLM plugin: tpu-inference, vllm-ascend, ...) is read too, its packages from its own metadata
 PACKAGES = {"vllm": "vllm", "vllm-omni": "vllm_omni"}
 
 # pip's words for "the index could not be reached" (urllib3 / socket errors it logs while retrying)
@@ -53,10 +54,25 @@ class WheelError(VllmCompatError):
         self.kind = kind
 
 
+_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.I)  # a valid distribution name (PEP 508)
+
+
 def normalize_distribution(name: str) -> str | None:
     """"vllm" / "vllm-omni" for any spelling pip accepts (``vllm_omni``, ``VLLM-Omni``); None otherwise."""
-    normalized = re.sub(r"[-_.]+", "-", name).lower()
+    normalized = canonical_distribution(name)
     return normalized if normalized in PACKAGES else None
+
+
+def canonical_distribution(name: str) -> str | None:
+    """Any distribution's name as the index compares them (PEP 503: ``Tpu_Inference`` -> ``tpu-inference``); None
+    for a string that is no distribution name (``vllm>=0.9``, ``a b``)."""
+    return re.sub(r"[-_.]+", "-", name).lower() if _NAME.match(name) else None
+
+
+def file_prefix(distribution: str) -> str:
+    """How a wheel or sdist file of ``distribution`` starts, before ``-VERSION``: ``vllm_omni``, ``tpu_inference``
+    (the normalized name, ``-`` as ``_``)."""
+    return PACKAGES.get(distribution, re.sub(r"[-_.]+", "_", distribution).lower())
 
 
 def cache_dir(environ=None) -> Path:
@@ -81,19 +97,38 @@ def cached_wheel(distribution: str, version: str, directory: Path) -> Path | Non
     """A wheel of ``distribution`` at ``version`` in ``directory``, or None. Reads file names only."""
     from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-    prefix = PACKAGES[distribution] + "-"
+    prefix = file_prefix(distribution) + "-"
     try:
         names = sorted(os.listdir(directory))
     except OSError:
         return None
     for name in names:
-        if not (name.startswith(prefix) and name.endswith(".whl")):
+        if not (name.lower().startswith(prefix) and name.endswith(".whl")):
             continue
         try:
             _, found, _, _ = parse_wheel_filename(name)
         except InvalidWheelFilename:
             continue
         if _same_version(str(found), version):
+            return directory / name
+    return None
+
+
+def cached_sdist(distribution: str, version: str, directory: Path) -> Path | None:
+    """An sdist (``.tar.gz``) of ``distribution`` at ``version`` in ``directory``, or None: what a plugin that
+    publishes no wheel (kvcached) is read from, unbuilt. Reads file names only."""
+    from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
+
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".tar.gz"))
+    except OSError:
+        return None
+    for name in names:
+        try:
+            found_name, found = parse_sdist_filename(name)
+        except InvalidSdistFilename:
+            continue
+        if found_name == canonicalize_name(distribution) and _same_version(str(found), version):
             return directory / name
     return None
 
@@ -154,7 +189,7 @@ def _failure(distribution: str, version: str | None, output: str) -> WheelError:
     last = said(output)  # one line, its version list counted (pip's own output: --verbose)
     pip_said = f" pip said: {last}" if last else ""
     offline = (f" For offline use pass wheel files or unpacked trees instead, e.g. `vllm-compat check "
-               f"/path/to/{PACKAGES[distribution]}-X-*.whl`.")
+               f"/path/to/{file_prefix(distribution)}-X-*.whl`.")
     match = _FROM_VERSIONS.search(output)
     versions = [v.strip() for v in match.group(1).split(",")] if match else []
     versions = [v for v in versions if v and v != "none"]
@@ -218,10 +253,10 @@ def fetch_wheel(distribution: str, version: str, directory: Path | None = None) 
              f"{distribution}=={version}", "-d", str(partial)])
         if status != 0:
             raise _failure(distribution, version, output)
-        wheels = sorted(partial.glob(f"{PACKAGES[distribution]}-*.whl"))
+        wheels = sorted(partial.glob(f"{file_prefix(distribution)}-*.whl"))
         if not wheels:
             raise WheelError("pip_failed", f"pip reported success for {distribution}=={version} but left no "
-                                           f"{PACKAGES[distribution]}-*.whl in {partial}.")
+                                           f"{file_prefix(distribution)}-*.whl in {partial}.")
         target = directory / wheels[0].name
         os.replace(wheels[0], target)
         return target, False
