@@ -79,8 +79,9 @@ class PluginCheckResult:
         if declared is None:
             return [f"  declared vLLM range: none ({self._names()}'s metadata names no vllm requirement)"]
         where = {True: "inside it", False: "OUTSIDE it", None: "unknown (the version does not parse)"}[self.allows]
-        condition = f"; only with {declared.marker}" if declared.marker else ""
-        lines = [f"  declared vLLM range: {declared.requirement} ({declared.source}{condition}); vLLM {vllm} is {where}"]
+        condition = f"; only where {declared.marker}" if declared.marker else ""
+        lines = [f"  declared vLLM range: vllm{declared.specifier or ' (any version)'} ({declared.source}{condition}); "
+                 f"vLLM {vllm} is {where}"]
         if self.range_and_reading == "disagree" and self.allows:
             lines.append(f"  the reading and the range disagree: the range admits vLLM {vllm}, and the reading finds "
                          f"{len(self.stopped)} entrypoint(s) that will not start")
@@ -91,20 +92,21 @@ class PluginCheckResult:
         return lines
 
     def verdict_text(self) -> str:
-        started = [s.label for s in self.statuses if s.starts]
+        started = [s for s in self.statuses if s.starts]
         if not self.stopped:
             return (f"STARTS: each of {self._names()}'s {len(started)} entrypoint(s) imports what it needs from vLLM "
                     f"{self.vllm.version or '?'} (an import reading: attributes and call signatures are not read "
                     "for this plugin yet).")
-        stops = "; ".join(f"{s.label} ({_count(s.missing, 2)} missing)" for s in self.stopped)
-        rest = f" {len(started)} other entrypoint(s) start." if started else ""
+        stops = "; ".join(f"{s.id} ({_count(s.missing, 1)} missing)" for s in self.stopped)
+        rest = [s.id for s in self.statuses if s.starts]
+        rest = f" {', '.join(rest)} {'starts' if len(rest) == 1 else 'start'}." if rest else ""
         return f"WILL NOT START: {stops}.{rest}"
 
     def lines(self, verbose: bool = False) -> list[str]:
         from .check import _first_use, _where
 
         versions = f"vllm {self.vllm.version or '?'} + {self._names()}"
-        lines = [f"vllm-compat check: {versions} (read from the release files, nothing installed)"]
+        lines = [f"vllm-compat check: {versions} (read from the files, nothing installed)"]
         if verbose:
             lines += [f"  vllm    from {_where(self.vllm)}", f"  plugin  from {_where(self.plugin)}"]
         lines += self.range_lines()
@@ -120,6 +122,11 @@ class PluginCheckResult:
             blocking = [u for u in entry.blocking if u.target in status.missing] if entry is not None else []
             for use in _first_use(blocking):
                 lines.append(f"      missing: {use['target']} (in {use['importer']}:{use['line']}, {use['reason']})")
+        lacking = self.release.missing_for_host(self.host_refs)
+        if lacking:
+            lines.append(f"    vLLM {self.vllm.version or '?'} imports {len({r.module for r in lacking})} module(s) "
+                         f"of {self.package} this release lacks (whether vLLM guards them is not read yet): "
+                         + _count(sorted({f"{r.module} (in {r.importer}:{r.line})" for r in lacking}), 3))
         if not self.statuses:
             lines.append("    none found (no entry point, startup hook or named class; vLLM imports none of it)")
         lines += ["", f"  vllm_compat bridges nothing for {self.plugin.distribution}: its drift points are "
@@ -141,6 +148,7 @@ class PluginCheckResult:
             "release": self.release.to_dict(),
             "imported_by_vllm": [{"importer": r.importer, "line": r.line, "target": r.target, "how": r.how}
                                  for r in self.host_refs],
+            "imported_by_vllm_missing": sorted({r.module for r in self.release.missing_for_host(self.host_refs)}),
             "import_drift": self.drift.to_dict(),
             "bridged_by_vllm_compat": False,
             "verdict": {"kind": self.kind, "text": self.verdict_text()},
