@@ -363,7 +363,9 @@ def test_files_that_are_not_vllm_wheels(capsys, tmp_path):
 @pytest.mark.parametrize("args, message", [
     ([], "name the vLLM to check"),
     (["vllm>=0.30"], "is not one of vllm==VERSION"),
-    (["torch==2.13.0"], "is not one of vllm==VERSION"),
+    # any distribution may be a vLLM plugin (issue 40: tpu-inference==0.22.0); without a vLLM it is refused unread
+    (["torch==2.13.0"], "name the vLLM to check"),
+    (["vllm==0.30.0", "torch>=2.13"], "is not one of vllm==VERSION"),
     (["vllm=="], "names no version"),
     (["vllm==0.30.0", "vllm==0.31.0"], "2 vllm inputs given"),
     (["/nonexistent/vllm.whl"], "does not exist"),
