@@ -18,6 +18,10 @@ With both inputs from the index it also resolves the pair with uv as a user woul
 the resolver picked by HTTP range requests and names the files two of them both install, with the override that
 removes each (``resolution.py``; ``--no-resolve`` skips it, and local wheels or trees never resolve).
 
+Another vLLM plugin (``vllm-compat check vllm==X PLUGIN==Y``, or its wheel, sdist or tree) is read with the
+entrypoints and vLLM range its own release declares and judged by the import-drift scan alone (``plugin_check``):
+vllm_compat's drift points and bridges are vllm-omni's.
+
 Exit codes, as the doctor's: 0 it works (natively or with the shim), 1 it will not start (or a target is
 refused), 2 usage: a version that does not exist, no network, a file that is not a vLLM / vllm-omni wheel.
 """

@@ -235,8 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "without dependencies into a per-user cache) and says: works natively, works with vllm_compat, "
                      "or will not start", "check")
     check.add_argument("specs", nargs="*", metavar="SPEC",
-                       help="vllm==X and optionally vllm-omni==Y (default: the vllm-omni installed here); each may "
-                            "also be a wheel file, an unpacked tree or a site-packages (offline)")
+                       help="vllm==X and optionally vllm-omni==Y (default: the vllm-omni installed here) or another "
+                            "vLLM plugin, PLUGIN==Y (tpu-inference==0.22.0: its entrypoints and declared vLLM range "
+                            "read from its release); each may also be a wheel file, an unpacked tree or a "
+                            "site-packages (offline), a plugin also its sdist")
     check.add_argument("--newest", action="store_true", help="check the newest vLLM on the index")
     check.add_argument("--no-resolve", action="store_true",
                        help="do not resolve the pair with uv nor list its wheels' files (offline use; local wheels "
