@@ -137,9 +137,12 @@ def _omni_input(spec: str | None):
             raise _usage(f"{spec} holds no vllm-omni (vllm_omni/__init__.py); pass a vllm-omni wheel or tree.")
         return found[0]
     distribution, version = _parse_spec(spec)
-    if distribution != "vllm-omni":
+    if distribution == "vllm":
         raise _usage(f"plan takes the vllm-omni to plan (vllm-omni==X), not {spec!r}; the vLLM releases come from "
                      "the index (or --vllm A,B).")
+    if distribution != "vllm-omni":  # issue 40: check takes any plugin; plan does not yet
+        raise _usage(f"plan takes vllm-omni only for now, not {spec!r}; for another plugin run `vllm-compat check "
+                     f"vllm==X {spec}` on each vLLM release to try.")
     return _index_input("vllm-omni", version)
 
 
