@@ -399,3 +399,68 @@ def test_guards_on_the_real_vllm_omni_package_import(tmp_path):
                 for _, _, module, names, context in plugin_imports(SourceTree(Path(wheels[0])), "vllm_omni/__init__.py",
                                                                    "vllm_omni")}
     assert contexts[(None, ("patch",))] == "module"
+
+
+GATES_HOST = {
+    "vllm/__init__.py": "",
+    "vllm/utils/__init__.py": """
+        _DEPRECATED = {
+            "kept": "math_utils",
+        }
+        def __getattr__(name):
+            '''Deprecated names, as vLLM 0.11.1's vllm.utils answers them.'''
+            if name in _DEPRECATED:
+                return 1
+            elif name == "also_kept" or name in ("third",):
+                return 2
+            raise AttributeError(name)
+        """,
+    "vllm/open.py": """
+        def __getattr__(name):
+            if name.startswith("x"):
+                return 1
+            raise AttributeError(name)
+        """,
+    "vllm/events.py": '''
+        def send():
+            # the end marker (-1, b""")
+            return 1
+        class AfterTheComment:
+            pass
+        ''',
+}
+
+GATES_PLUGIN = {
+    "plug/__init__.py": """
+        from vllm.utils import kept, also_kept, third, gone
+        from vllm.open import xanything, other
+        from vllm.events import AfterTheComment
+        from plug.version import vllm_version_is
+        _V2_SUPPORTED = not vllm_version_is("0.20.2")
+        if not vllm_version_is("0.20.2"):
+            from vllm.utils import GatedIf
+        elif vllm_version_is("0.20.1"):
+            from vllm.utils import GatedElif
+        else:
+            from vllm.utils import GatedElse
+        if _V2_SUPPORTED:
+            from vllm.utils import GatedByFlag
+        version = None
+        if version is None:
+            from vllm.utils import NotAVersionTest
+        """,
+    "plug/version.py": "def vllm_version_is(v):\n    return False\n",
+}
+
+
+def test_literal_getattr_mappings_version_gates_and_triple_quotes_in_comments(tmp_path):
+    """Each name is one rule: a ``__getattr__`` answering a literal mapping / ``==`` / tuple and raising for the rest
+    makes any other name missing (``gone``; vLLM 0.11.1's ``vllm.utils``, tpu-inference#944); one that computes its
+    answer stays unknown (``xanything``, ``other``); an import under an ``if`` / ``elif`` / ``else`` on the running
+    version, or on a module flag set from one, runs only where the version says (vllm-ascend 0.20.2rc1 on its own
+    vLLM 0.20.2), while ``if version is None`` is no version test; a triple quote inside a comment opens no string
+    (vLLM 0.11.0's ``kv_events.py`` hid ``EventPublisherFactory`` that way)."""
+    host = _tree(tmp_path / "host", GATES_HOST)
+    drift = check_import_drift(_tree(tmp_path / "plugin", GATES_PLUGIN), host, plugin="plug")
+    assert drift.blocking_names == ["vllm.utils.NotAVersionTest", "vllm.utils.gone"]
+    assert drift.unknown == 2

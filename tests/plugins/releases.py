@@ -52,9 +52,13 @@ def release_or_skip(name: str, version: str) -> Path:
     return path
 
 
-def vllm_wheel_or_skip(version: str) -> Path:
+def vllm_wheel_or_skip(version: str) -> Path | str:
+    """vLLM ``version`` for ``check``: its cached wheel, else ``vllm==VERSION`` where the members ``check`` reads of it
+    (``detect.wheel_members``) are cached; a skip otherwise."""
     path = release_path("vllm", version)
-    if path is None or not path.name.endswith(".whl"):
-        pytest.skip(f"vllm=={version} wheel is not in {cache_dir()} (`vllm-compat check vllm=={version} ...` puts it "
-                    "there)")
-    return path
+    if path is not None and path.name.endswith(".whl"):
+        return path
+    members = cache_dir() / "members"
+    if members.is_dir() and any(m.name.startswith(f"vllm-{version}-") for m in members.iterdir()):
+        return f"vllm=={version}"
+    pytest.skip(f"vllm=={version} is not in {cache_dir()} (`vllm-compat check vllm=={version} ...` puts it there)")

@@ -46,6 +46,10 @@ NAMED = [
     ("tpu-inference#2844", None, {"general:register_layers", "worker"}),
     ("tpu-inference#3485", None, {"worker"}),  # found only once the prefilter names the plugin (wiring step 1)
     ("vllm-metal#493", "0.24.0", {"platform:metal", "worker"}),
+    # vllm.utils' __getattr__ answers the names of a literal mapping and raises for the rest (vLLM 0.11.1)
+    ("tpu-inference#944", None, {"worker"}),
+    ("tpu-inference#869", None, {"worker"}),
+    ("vllm-ascend#7058", None, {"worker"}),
 ]
 
 

@@ -8,7 +8,9 @@ statements themselves are parsed (a regex, or ``ast`` on one statement).
 Where an import runs (``plugin_imports``' context): "module" when its module is imported: at module level,
 including inside module-level ``if`` / ``with`` / ``for`` blocks, the ``else`` of ``if TYPE_CHECKING``, and the
 ``else`` of a ``try`` (it runs after the guarded body succeeded, unguarded); "function" inside a def or class;
-"type_checking" under ``if TYPE_CHECKING``; "guarded" inside a ``try`` with a handler catching ``ImportError``
+"type_checking" under ``if TYPE_CHECKING``; "version_gated" under an ``if`` / ``elif`` / ``else`` on the running
+version (``if not vllm_version_is("0.20.2"):``, ``if Version(vllm.__version__) >= ...``: only the run decides, so a
+reading never says it stops an entrypoint); "guarded" inside a ``try`` with a handler catching ``ImportError``
 (or a parent: ``ModuleNotFoundError``, ``Exception``, ``BaseException``, bare ``except:``) whose body does not
 ``raise``, and in any ``except`` body (fallback imports). A handler that re-raises (``except ModuleNotFoundError
 as exc: if exc.name != "vllm": raise``, vllm-omni's own ``__init__``) guards nothing: the import counts as
@@ -40,11 +42,16 @@ _DEF = re.compile(r"(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)")
 _ASSIGN = re.compile(r"([A-Za-z_]\w*(?:[ \t]*,[ \t]*[A-Za-z_]\w*)*)[ \t]*(?::[^=\n]*)?=(?!=)")
 _BLOCK_KEYWORDS = ("if ", "if(", "elif ", "else", "try", "except", "finally", "with ", "for ", "while ", "async ")
 _RAISE = re.compile(r"^[ \t]*raise\b", re.M)
+# an `if` on the running version: names "version" and a version literal or __version__ (not `if version is None:`)
+_VERSION_TEST = re.compile(r"(?:el)?if\b(?=.*version)(?=.*(?:__version__|[\"']v?\d+\.\d+))", re.I)
+# a module-level flag set from such a test (`_V2_SUPPORTED = not vllm_version_is("0.20.2")`), then tested by `if`
+_VERSION_FLAG = re.compile(r"^([A-Za-z_]\w*)[ \t]*(?::[^=\n]*)?=(?!=)(?=[^\n]*version)(?=[^\n]*(?:__version__|[\"']v?\d+\.\d+))",
+                           re.M | re.I)
 
 
 def _string_spans(text: str) -> list[int]:
     """Flat, sorted [start0, end0, start1, end1, ...] of triple-quoted string bodies (delimiters paired in
-    order; a triple quote inside a comment or a one-line string is rare enough to ignore). str.find, not a
+    order; an opening one inside a comment is skipped, one inside a one-line string is rare enough to ignore). str.find, not a
     regex: 3x faster on vllm-omni."""
     spans: list[int] = []
     pos, next_double, next_single = 0, text.find('"""'), text.find("'''")
@@ -53,6 +60,12 @@ def _string_spans(text: str) -> list[int]:
             quote, start = '"""', next_double
         else:
             quote, start = "'''", next_single
+        if _in_comment(text, start):  # vLLM 0.11.0's kv_events.py: `# ... (-1, b""")` hid the rest of the file
+            if quote == '"""':
+                next_double = text.find(quote, start + 3)
+            else:
+                next_single = text.find(quote, start + 3)
+            continue
         end = text.find(quote, start + 3)
         spans.append(start)
         if end < 0:
@@ -65,6 +78,14 @@ def _string_spans(text: str) -> list[int]:
         if 0 <= next_single < pos:
             next_single = text.find("'''", pos)
     return spans
+
+
+def _in_comment(text: str, pos: int) -> bool:
+    """Whether ``pos`` follows a ``#`` on its line that no one-line string quote encloses."""
+    line_start = text.rfind("\n", 0, pos) + 1
+    hash_at = text.find("#", line_start, pos)
+    return hash_at >= 0 and text.count('"', line_start, hash_at) % 2 == 0 and text.count("'", line_start,
+                                                                                         hash_at) % 2 == 0
 
 
 def _top_lines(text: str, spans: list[int]) -> list[int]:
@@ -120,6 +141,30 @@ def _previous_code_line(text: str, start: int, spans: list[int], below: int) -> 
     return None
 
 
+def _version_test(text: str) -> re.Pattern:
+    """What an ``if`` header on the running version looks like in this module: ``_VERSION_TEST``, or a test of one of
+    its module-level version flags."""
+    flags = sorted(set(_VERSION_FLAG.findall(text)))
+    if not flags:
+        return _VERSION_TEST
+    return re.compile(rf"{_VERSION_TEST.pattern}|(?:el)?if\b[^:]*\b(?:{'|'.join(flags)})\b", re.I)
+
+
+def _else_of_version_test(text: str, else_start: int, spans: list[int], indent: int, version_test: re.Pattern) -> bool:
+    """Whether the ``else:`` at ``else_start`` closes an ``if`` / ``elif`` chain that tests the running version."""
+    pos = else_start
+    while (pos := _previous_code_line(text, pos, spans, indent + 1)) is not None:
+        line = _line_at(text, pos)
+        header = line.strip()
+        if _indent(line) != indent or not header.startswith(("if", "elif")):
+            return False
+        if version_test.match(header):
+            return True
+        if not header.startswith("elif"):
+            return False
+    return False
+
+
 def _try_catches_import_errors(text: str, try_start: int, indent: int) -> bool:
     """Whether the ``try:`` at ``try_start`` has a handler that catches ImportError and does not raise."""
     pos = text.find("\n", try_start)
@@ -155,9 +200,9 @@ def _handler_body(text: str, start: int, indent: int) -> str:
     return "\n".join(body)
 
 
-def _context(text: str, start: int, spans: list[int], top_lines: list[int]) -> str:
+def _context(text: str, start: int, spans: list[int], top_lines: list[int], version_test: re.Pattern) -> str:
     """Where the statement at line ``start`` runs: "module" (when the module is imported), "function"
-    (def/class body), "type_checking", or "guarded" (try/except ImportError, or an except body)."""
+    (def/class body), "type_checking", "version_gated" or "guarded" (try/except ImportError, or an except body)."""
     indent = _indent(_line_at(text, start))
     if indent == 0:
         return "module"
@@ -181,6 +226,9 @@ def _context(text: str, start: int, spans: list[int], top_lines: list[int]) -> s
             return "function"
         if _TYPE_CHECKING_IF.match(header) and not header.startswith("elif"):
             return "type_checking"
+        if version_test.match(header) or (header.startswith("else") and
+                                          _else_of_version_test(text, header_start, spans, level, version_test)):
+            return "version_gated"
         if header.startswith("try"):
             if _try_catches_import_errors(text, header_start, level):
                 context = "guarded"
@@ -208,7 +256,13 @@ def summarize_module(text: str) -> ModuleSummary:
     its text without parsing it whole."""
     summary = ModuleSummary(dynamic=bool(_MODULE_GETATTR.search(text)))
     spans = _string_spans(text)
-    for start in _top_lines(text, spans):
+    tops = _top_lines(text, spans)
+    if summary.dynamic:
+        answered = _closed_getattr_names(text, tops)
+        if answered is not None:  # a __getattr__ that answers a literal list of names and raises for the rest
+            summary.dynamic = False
+            summary.defined.update(answered)
+    for start in tops:
         line = _line_at(text, start)
         kind = _record_binding(text, start, line, "module", summary)
         if line.startswith("__all__"):  # __all__ = [...], and __all__ += [...] / __all__.extend([...])
@@ -216,6 +270,72 @@ def summarize_module(text: str) -> ModuleSummary:
         elif kind is None and line.startswith(_BLOCK_KEYWORDS) and not _TYPE_CHECKING_IF.match(line):
             _summarize_block(text, start, spans, summary)
     return summary
+
+
+def _closed_getattr_names(text: str, tops: list[int]) -> set[str] | None:
+    """The names a module-level ``__getattr__(name)`` answers, where it answers only names listed literally and raises
+    ``AttributeError`` for every other: its body is ``if`` statements testing ``name in X`` / ``name == "..."`` (``X`` a
+    literal tuple, list or set, or a module-level dict / set / list literal, vLLM 0.11.1's ``vllm.utils``
+    ``_DEPRECATED_MAPPINGS``), then ``raise AttributeError(...)``. None for any other shape (the answer stays
+    "unknown")."""
+    chunks = {}  # first word of a column-0 statement -> its text, up to the next column-0 statement
+    for start, end in zip(tops, [*tops[1:], len(text)], strict=True):
+        word = re.match(r"(?:def[ \t]+)?(\w+)", text[start:end])
+        if word:
+            chunks.setdefault(word.group(1), text[start:end])
+    try:
+        function = ast.parse(chunks.get("__getattr__", "")).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    if not isinstance(function, ast.FunctionDef) or not function.args.args:
+        return None
+    parameter, body = function.args.args[0].arg, list(function.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    last = body[-1] if body else None
+    if not (isinstance(last, ast.Raise) and isinstance(last.exc, ast.Call) and isinstance(last.exc.func, ast.Name)
+            and last.exc.func.id == "AttributeError"):
+        return None
+
+    def literal_strings(node: ast.expr) -> set[str] | None:
+        if isinstance(node, ast.Name):  # a module-level literal
+            try:
+                node = ast.parse(chunks.get(node.id, "")).body[0].value
+            except (SyntaxError, IndexError, AttributeError):
+                return None
+        elements = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
+        if not isinstance(node, (ast.Dict, ast.Tuple, ast.List, ast.Set)) or not all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elements):
+            return None
+        return {e.value for e in elements}
+
+    def tested(test: ast.expr) -> set[str] | None:
+        if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+            parts = [tested(value) for value in test.values]
+            return None if None in parts else set().union(*parts)
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name)
+                and test.left.id == parameter):
+            return None
+        (op,), (against,) = test.ops, test.comparators
+        if isinstance(op, ast.Eq) and isinstance(against, ast.Constant) and isinstance(against.value, str):
+            return {against.value}
+        return literal_strings(against) if isinstance(op, ast.In) else None
+
+    answered: set[str] = set()
+    for statement in body[:-1]:
+        while isinstance(statement, ast.If):
+            names = tested(statement.test)
+            if names is None:
+                return None
+            answered |= names
+            if not statement.orelse:
+                break
+            if len(statement.orelse) != 1:
+                return None
+            statement = statement.orelse[0]  # an elif
+        else:
+            return None
+    return answered
 
 
 def _record_binding(text: str, start: int, line: str, context: str, summary: ModuleSummary) -> str | None:
@@ -314,7 +434,7 @@ def plugin_imports(tree: SourceTree, relpath: str, plugin: str):
     matches = list(_candidates(plugin).finditer(text)) + list(_RELATIVE_IMPORT.finditer(text))
     if not matches:
         return
-    spans = top_lines = None
+    spans = top_lines = version_test = None
     seen_lines = set()
     prefixes = ("from vllm", "import vllm", "from .", f"from {plugin}", f"import {plugin}")
     for match in matches:
@@ -333,8 +453,8 @@ def plugin_imports(tree: SourceTree, relpath: str, plugin: str):
             context = "module"
         else:
             if top_lines is None:
-                top_lines = _top_lines(text, spans)
-            context = _context(text, start, spans, top_lines)
+                top_lines, version_test = _top_lines(text, spans), _version_test(text)
+            context = _context(text, start, spans, top_lines, version_test)
         parsed = _parse_import(_statement(text, start))
         if parsed is None:
             continue
