@@ -255,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = _command(commands, "plan", _plan, "how far can vllm-omni X follow vLLM? checks it on the newest patch of "
                     "every vLLM minor from its own to the newest on the index, one row each", "plan")
     plan.add_argument("spec", nargs="?", default=None, metavar="SPEC",
-                      help="vllm-omni==X, a vllm-omni wheel or tree (default: the vllm-omni installed here)")
+                      help="vllm-omni==X, a vllm-omni wheel or tree (default: the vllm-omni installed here); or any "
+                           "vLLM plugin, PLUGIN==Y (from its declared lower bound: one row per vLLM, imports only)")
     which = plan.add_mutually_exclusive_group()
     which.add_argument("--upto", metavar="VERSION", default=None,
                        help="stop at this vLLM minor (0.30: up to the newest 0.30.x) instead of the newest")

@@ -140,10 +140,21 @@ def _omni_input(spec: str | None):
     if distribution == "vllm":
         raise _usage(f"plan takes the vllm-omni to plan (vllm-omni==X), not {spec!r}; the vLLM releases come from "
                      "the index (or --vllm A,B).")
-    if distribution != "vllm-omni":  # issue 40: check takes any plugin; plan does not yet
-        raise _usage(f"plan takes vllm-omni only for now, not {spec!r}; for another plugin run `vllm-compat check "
-                     f"vllm==X {spec}` on each vLLM release to try.")
     return _index_input("vllm-omni", version)
+
+
+def other_plugin(spec: str | None):
+    """The ``CheckInput`` of ``spec`` where it names a vLLM plugin other than vllm-omni (``PLUGIN==Y``, its wheel,
+    sdist or tree; planned by ``plugin_plan``), else None."""
+    from .check import _looks_like_path, _parse_spec, _plugin_index_input, _tree_input
+
+    if spec is None:
+        return None
+    if _looks_like_path(spec):
+        found = [item for item in _tree_input(spec) if item.distribution not in ("vllm", "vllm-omni")]
+        return found[0] if found else None
+    distribution, version = _parse_spec(spec)
+    return None if distribution in ("vllm", "vllm-omni") else _plugin_index_input(distribution, version)
 
 
 RESOLVE_WORKERS = 3  # pairs resolved at once: uv and the listings wait on the index more than on the 2 cores
@@ -332,6 +343,9 @@ def run_plan(args) -> int:
             print(f"vllm-compat plan: vLLM {row.vllm} ({index}/{count}) {_short(row)} [{seconds:.1f} s]",
                   file=sys.stderr, flush=True)
     try:
+        plugin = other_plugin(args.spec)
+        if plugin is not None:
+            return _run_plugin_plan(args, plugin, versions)
         plan = make_plan(args.spec, versions, args.upto, progress, resolve=resolve_enabled(args))
     except WheelError as exc:
         print(f"vllm-compat plan: {exc}", file=sys.stderr)
@@ -340,4 +354,21 @@ def run_plan(args) -> int:
         return 2
     print(json.dumps(plan.to_dict(), indent=2) if args.json
           else render(plan, getattr(args, "width", None), getattr(args, "verbose", False)))
+    return plan.exit_code
+
+
+def _run_plugin_plan(args, plugin, versions: list[str] | None) -> int:
+    """``plan`` for a plugin other than vllm-omni (``plugin_plan``): its screen or ``--json``."""
+    from .plugin_plan import make_plugin_plan
+    from .plugin_plan import render as render_plugin
+
+    progress = None
+    if sys.stderr.isatty():
+        def progress(row, index, count):
+            print(f"vllm-compat plan: vLLM {row.vllm} ({index}/{count}) {row.error or row.verdict}", file=sys.stderr,
+                  flush=True)
+    for version in [*(versions or ()), *([args.upto] if args.upto is not None else [])]:
+        _release(version)  # a usage error before anything is fetched
+    plan = make_plugin_plan(plugin, versions, args.upto, progress)
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else render_plugin(plan, getattr(args, "width", None)))
     return plan.exit_code
