@@ -5,8 +5,8 @@
 For each ``[[report]]`` of breakage_reports.toml whose two releases are on the index, runs ``check --json`` on the
 pair (the plugin release's files and vLLM's, as a user would; vLLM's members are read by range requests and kept in
 the wheel cache) and asks whether the report's ``failing_name`` (or one of its ``also`` names) is among the missing
-names of an entrypoint that will not start. For each ``[[known_good]]`` pair it asks that no entrypoint is "will not
-start". Prints one row per pair and the totals: recall over the reports a static reading can see (``static = true``),
+names of an entrypoint that will not start, or the gone vLLM attributes one reads where it fails when run. For each
+``[[known_good]]`` pair it asks that no entrypoint is either. Prints one row per pair and the totals: recall over the reports a static reading can see (``static = true``),
 precision over the known-good pairs. The expected values are the table's; nothing here reads the code under test
 beyond its JSON answer.
 """
@@ -43,8 +43,22 @@ def _check(vllm: str, plugin: str, version: str) -> dict:
 
 
 def _stopping(data: dict) -> dict[str, set[str]]:
+    """{entrypoint: the names that stop it}: missing imports of one that will not start, and the gone vLLM attributes
+    it reads where it fails when run."""
     entrypoints = (data.get("import_drift") or {}).get("entrypoints") or {}
-    return {i: set(e.get("missing") or ()) for i, e in entrypoints.items() if e.get("status") == "will_not_start"}
+    found = {i: set(e.get("missing") or ()) for i, e in entrypoints.items() if e.get("status") == "will_not_start"}
+    for entry, reads in (data.get("attribute_reads") or {}).items():
+        found.setdefault(entry if entry in found else f"{entry} (fails when run)", set()).update(
+            r["target"] for r in reads)
+    return found
+
+
+def _same(found: str, named: str) -> bool:
+    """Whether the check's name is the report's: equal, a member of it (a module that is missing whole), or the same
+    ``Class.attribute`` where the check names the module defining the class and the report the one importing it
+    (``vllm.config.scheduler.SchedulerConfig.is_multi_step`` / ``vllm.config.SchedulerConfig.is_multi_step``)."""
+    return found == named or found.startswith(named + ".") or (
+        found.split(".")[-2:] == named.split(".")[-2:] and found.split(".")[-2][:1].isupper())
 
 
 def _release(version: str) -> str:
@@ -61,7 +75,7 @@ def measure_report(report: dict) -> dict:
     data = _check(report["vllm"], report["plugin"], _release(report["plugin_version"]))
     if "error" in data:
         return {**row, "result": "error", "why": data["error"]}
-    hits = {entry: sorted(missing & names | {m for m in missing for n in names if m.startswith(n + ".")})
+    hits = {entry: sorted(m for m in missing if any(_same(m, n) for n in names))
             for entry, missing in _stopping(data).items()}
     hits = {entry: found for entry, found in hits.items() if found}
     return {**row, "result": "named" if hits else "missed", "under": hits,

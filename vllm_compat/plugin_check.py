@@ -11,19 +11,21 @@ vLLM is inside it, and where the reading and the range disagree, a line saying s
 missing import).
 
 vllm_compat's drift points and runtime bridges are vllm-omni's: for another plugin the check predicts and explains,
-and acts on nothing. What it reads is imports only: a name a plugin uses as an attribute or a call's keywords
-(plugins/README.md, wiring steps 3-10) is not seen yet, so "starts" means "no missing import on the way".
+and acts on nothing. What it reads: imports, and attribute reads on vLLM values the plugin's annotations type
+(``detect.attribute_reads``: an entrypoint that imports what it needs but reaches such a read of an attribute this vLLM
+lacks "fails when run"). Call signatures are not read yet (plugins/README.md, wiring steps 3, 9, 10).
 
-Exit codes, as for vllm-omni: 0 every entrypoint starts, 1 one will not start, 2 bad input (``check.run_check``).
+Exit codes, as for vllm-omni: 0 every entrypoint starts, 1 one will not start or fails when run, 2 bad input
+(``check.run_check``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .check import CheckInput
 
-STARTS, WILL_NOT_START = "starts", "will_not_start"
+STARTS, WILL_NOT_START, FAILS_WHEN_RUN = "starts", "will_not_start", "fails_when_run"
 
 
 @dataclass
@@ -36,6 +38,9 @@ class PluginCheckResult:
     package: str
     host_refs: tuple
     drift: object
+    # entrypoint id -> the reads of vLLM attributes this vLLM lacks in the modules it reaches
+    # (``detect.attribute_reads.MissingAttribute``)
+    reads: dict = field(default_factory=dict)
 
     @property
     def release(self):
@@ -50,12 +55,17 @@ class PluginCheckResult:
         return tuple(s for s in self.statuses if s.status == "will_not_start")
 
     @property
+    def failing(self) -> tuple:
+        """The entrypoints that import what they need and reach code reading a vLLM attribute this vLLM lacks."""
+        return tuple(s for s in self.statuses if s.status != "will_not_start" and self.reads.get(s.id))
+
+    @property
     def kind(self) -> str:
-        return WILL_NOT_START if self.stopped else STARTS
+        return WILL_NOT_START if self.stopped else FAILS_WHEN_RUN if self.failing else STARTS
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.stopped else 0
+        return 0 if self.kind == STARTS else 1
 
     @property
     def allows(self) -> bool | None:
@@ -68,7 +78,7 @@ class PluginCheckResult:
         reading finds nothing missing) or "undeclared"."""
         if self.allows is None:
             return "undeclared"
-        return "disagree" if self.allows == bool(self.stopped) else "agree"
+        return "disagree" if self.allows == (self.kind != STARTS) else "agree"
 
     def _names(self) -> str:
         return f"{self.plugin.distribution} {self.plugin.version or '?'}"
@@ -84,23 +94,28 @@ class PluginCheckResult:
                  f"vLLM {vllm} is {where}"]
         if self.range_and_reading == "disagree" and self.allows:
             lines.append(f"  the reading and the range disagree: the range admits vLLM {vllm}, and the reading finds "
-                         f"{len(self.stopped)} entrypoint(s) that will not start")
+                         f"{len(self.stopped) + len(self.failing)} entrypoint(s) that will not start or fail "
+                         "when run")
         elif self.range_and_reading == "disagree":
             lines.append(f"  the reading and the range disagree: the range excludes vLLM {vllm}, and the reading "
-                         "finds no missing import on any entrypoint's way (it reads imports only: the range may "
-                         "know of other drift)")
+                         "finds nothing missing on any entrypoint's way (it reads imports and attribute reads on "
+                         "typed vLLM values: the range may know of other drift)")
         return lines
 
     def verdict_text(self) -> str:
         started = [s for s in self.statuses if s.starts]
-        if not self.stopped:
+        if self.kind == STARTS:
             return (f"STARTS: each of {self._names()}'s {len(started)} entrypoint(s) imports what it needs from vLLM "
-                    f"{self.vllm.version or '?'} (an import reading: attributes and call signatures are not read "
-                    "for this plugin yet).")
+                    f"{self.vllm.version or '?'}, and no vLLM attribute its typed reads name is gone (call "
+                    "signatures are not read for this plugin yet).")
         stops = "; ".join(f"{s.id} ({_count(s.missing, 1)} missing)" for s in self.stopped)
-        rest = [s.id for s in self.statuses if s.starts]
+        fails = "; ".join(f"{s.id} ({_count(sorted({r.target for r in self.reads[s.id]}), 1)} gone)"
+                          for s in self.failing)
+        rest = [s.id for s in self.statuses if s.starts and s not in self.failing]
         rest = f" {', '.join(rest)} {'starts' if len(rest) == 1 else 'start'}." if rest else ""
-        return f"WILL NOT START: {stops}.{rest}"
+        if not self.stopped:
+            return f"FAILS WHEN RUN: {fails}.{rest}"
+        return f"WILL NOT START: {stops}.{f' FAILS WHEN RUN: {fails}.' if fails else ''}{rest}"
 
     def lines(self, verbose: bool = False) -> list[str]:
         from .check import _first_use, _where
@@ -116,12 +131,17 @@ class PluginCheckResult:
         for status in self.statuses:
             said = {"works": "starts", "will_not_start": "WILL NOT START", "absent": "absent"}.get(
                 status.status, status.status)
+            if status in self.failing:
+                said = "FAILS WHEN RUN"
             lines.append(f"    {status.id:<24}  {said}")
             lines.append(f"      {status.label}")
             entry = drift.entrypoint(status.id)
             blocking = [u for u in entry.blocking if u.target in status.missing] if entry is not None else []
             for use in _first_use(blocking):
                 lines.append(f"      missing: {use['target']} (in {use['importer']}:{use['line']}, {use['reason']})")
+            for read in _first_reads(self.reads.get(status.id, ())):
+                lines.append(f"      reads {read.target}, which vLLM {self.vllm.version or '?'} lacks (in "
+                             f"{read.module}:{read.line}, {read.function}: fails when it runs)")
         lacking = self.release.missing_for_host(self.host_refs)
         if lacking:
             lines.append(f"    vLLM {self.vllm.version or '?'} imports {len({r.module for r in lacking})} module(s) "
@@ -150,6 +170,8 @@ class PluginCheckResult:
                                  for r in self.host_refs],
             "imported_by_vllm_missing": sorted({r.module for r in self.release.missing_for_host(self.host_refs)}),
             "import_drift": self.drift.to_dict(),
+            "attribute_reads": {entry: [{"module": r.module, "function": r.function, "line": r.line,
+                                         "target": r.target} for r in reads] for entry, reads in self.reads.items()},
             "bridged_by_vllm_compat": False,
             "verdict": {"kind": self.kind, "text": self.verdict_text()},
             "exit_code": self.exit_code,
@@ -159,6 +181,14 @@ class PluginCheckResult:
 def _count(names, shown: int) -> str:
     names = list(names)
     return ", ".join(names[:shown]) + (f", +{len(names) - shown} more" if len(names) > shown else "")
+
+
+def _first_reads(reads) -> list:
+    """One read per vLLM attribute: the first in module / line order."""
+    first: dict[str, object] = {}
+    for read in sorted(reads, key=lambda r: (r.module, r.line)):
+        first.setdefault(read.target, read)
+    return list(first.values())
 
 
 def _package(release, entrypoints) -> str:
@@ -181,6 +211,24 @@ def run(vllm: CheckInput, plugin: CheckInput) -> PluginCheckResult:
     package = _package(release, entrypoints)
     if not entrypoints:
         entrypoints = (Entrypoint("import", f"`import {package}`", (package,)),)
-    drift = check_import_drift(plugin.tree, vllm.tree, package,
-                               tuple(e for e in entrypoints if any(r.split(".", 1)[0] == package for r in e.roots)))
-    return PluginCheckResult(vllm, plugin, package, host_refs, drift)
+    entrypoints = tuple(e for e in entrypoints if any(r.split(".", 1)[0] == package for r in e.roots))
+    drift = check_import_drift(plugin.tree, vllm.tree, package, entrypoints)
+    return PluginCheckResult(vllm, plugin, package, host_refs, drift,
+                             _attribute_reads(plugin, vllm, package, entrypoints))
+
+
+def _attribute_reads(plugin: CheckInput, vllm: CheckInput, package: str, entrypoints) -> dict:
+    """{entrypoint id: the missing vLLM attribute reads in the modules it reaches} (``detect.attribute_reads``)."""
+    from .detect.attribute_reads import missing_attributes
+    from .detect.import_graph import plugin_graph
+    from .entrypoints import called
+
+    graph = plugin_graph(plugin.tree, package, "vllm", tuple(s for e in entrypoints for s in e.scripts))
+    reach = {}
+    for entrypoint in entrypoints:
+        runs = [r for r in entrypoint.roots if r in graph.modules]
+        runs += [called(s) for s in entrypoint.scripts if called(s) in graph.modules]
+        reach[entrypoint.id] = {m.removesuffix(" (functions)") for m in set().union(*map(graph.reached, runs))}
+    found = missing_attributes(plugin.tree, vllm.tree, package, set().union(*reach.values()))
+    return {entry: tuple(r for r in found if r.module in modules) for entry, modules in reach.items()
+            if any(r.module in modules for r in found)}

@@ -74,6 +74,32 @@ def test_check_names_the_reported_name_under_the_entrypoint_it_stops(capsys, rep
     assert f"vllm {vllm} + {report['plugin']} {report['plugin_version']}" in screen
 
 
+# (report id, the vLLM asked: the report's where the read is not masked by an import the same entrypoint lacks)
+READS = [
+    ("sendnn-inference#336", None),  # a parameter annotated VllmConfig
+    ("sendnn-inference#376", None),  # one field further; the annotation names a TYPE_CHECKING import
+    ("tpu-inference#3481", None),  # an element of an annotated list field; masked by #3485's import on the same pair
+]
+
+
+@pytest.mark.parametrize("report_id, vllm", READS, ids=[r[0] for r in READS])
+def test_check_names_a_vllm_attribute_the_plugin_reads_and_this_vllm_lacks(capsys, report_id, vllm):
+    """The report's failing ``Class.attribute`` is read in the module its ``where`` names (the check names the
+    module defining the class, the report the one importing it: the last two parts are compared), and the screen
+    says so under an entrypoint."""
+    report = REPORTS[report_id]
+    host = vllm_wheel_or_skip(vllm or report["vllm"])
+    release_or_skip(report["plugin"], report["plugin_version"])
+    code, data = _check(capsys, host, f"{report['plugin']}=={report['plugin_version']}")
+    assert code == 1 and data["verdict"]["kind"] in ("will_not_start", "fails_when_run")
+    tail = report["failing_name"].split(".")[-2:]
+    module = report["where"].split(" ", 1)[0].split(":", 1)[0]
+    reads = [r for reads in data["attribute_reads"].values() for r in reads]
+    assert any(r["target"].split(".")[-2:] == tail and r["module"] == module for r in reads), reads
+    _, screen = _screen(capsys, host, f"{report['plugin']}=={report['plugin_version']}")
+    assert f"reads {'.'.join(tail)}" not in screen and f".{'.'.join(tail)}, which vLLM " in screen
+
+
 def test_vllm_metal_also_names_set_random_seed_under_its_worker(capsys):
     """kvcached#241's notes: the same vLLM change (set_random_seed gone from vllm.model_executor, 0.14.0) broke
     vllm-metal 0.1.0 at vllm_metal/v1/worker.py:17, module level: the worker, not the platform plugin."""
