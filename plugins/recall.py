@@ -47,7 +47,7 @@ def _stopping(data: dict) -> dict[str, set[str]]:
     it reads where it fails when run."""
     entrypoints = (data.get("import_drift") or {}).get("entrypoints") or {}
     found = {i: set(e.get("missing") or ()) for i, e in entrypoints.items() if e.get("status") == "will_not_start"}
-    for entry, reads in (data.get("attribute_reads") or {}).items():
+    for entry, reads in (data.get("fails_when_run") or {}).items():
         found.setdefault(entry if entry in found else f"{entry} (fails when run)", set()).update(
             r["target"] for r in reads)
     return found

@@ -12,7 +12,7 @@ missing import).
 
 vllm_compat's drift points and runtime bridges are vllm-omni's: for another plugin the check predicts and explains,
 and acts on nothing. What it reads: imports, and attribute reads on vLLM values the plugin's annotations type
-(``detect.attribute_reads``: an entrypoint that imports what it needs but reaches such a read of an attribute this vLLM
+(``detect.function_uses``: an entrypoint that imports what it needs but reaches such a read of an attribute this vLLM
 lacks "fails when run"). Call signatures are not read yet (plugins/README.md, wiring steps 3, 9, 10).
 
 Exit codes, as for vllm-omni: 0 every entrypoint starts, 1 one will not start or fails when run, 2 bad input
@@ -39,7 +39,7 @@ class PluginCheckResult:
     host_refs: tuple
     drift: object
     # entrypoint id -> the reads of vLLM attributes this vLLM lacks in the modules it reaches
-    # (``detect.attribute_reads.MissingAttribute``)
+    # (``detect.function_uses.MissingUse``)
     reads: dict = field(default_factory=dict)
 
     @property
@@ -139,9 +139,10 @@ class PluginCheckResult:
             blocking = [u for u in entry.blocking if u.target in status.missing] if entry is not None else []
             for use in _first_use(blocking):
                 lines.append(f"      missing: {use['target']} (in {use['importer']}:{use['line']}, {use['reason']})")
-            for read in _first_reads(self.reads.get(status.id, ())):
-                lines.append(f"      reads {read.target}, which vLLM {self.vllm.version or '?'} lacks (in "
-                             f"{read.module}:{read.line}, {read.function}: fails when it runs)")
+            for use in _first_uses(self.reads.get(status.id, ())):
+                lines.append(f"      {use.how} {use.target}{' inside a function' if use.how == 'imports' else ''}, "
+                             f"which vLLM {self.vllm.version or '?'} lacks (in {use.module}:{use.line}, "
+                             f"{use.function}: fails when it runs)")
         lacking = self.release.missing_for_host(self.host_refs)
         if lacking:
             lines.append(f"    vLLM {self.vllm.version or '?'} imports {len({r.module for r in lacking})} module(s) "
@@ -170,8 +171,8 @@ class PluginCheckResult:
                                  for r in self.host_refs],
             "imported_by_vllm_missing": sorted({r.module for r in self.release.missing_for_host(self.host_refs)}),
             "import_drift": self.drift.to_dict(),
-            "attribute_reads": {entry: [{"module": r.module, "function": r.function, "line": r.line,
-                                         "target": r.target} for r in reads] for entry, reads in self.reads.items()},
+            "fails_when_run": {entry: [{"module": r.module, "function": r.function, "line": r.line, "how": r.how,
+                                        "target": r.target} for r in reads] for entry, reads in self.reads.items()},
             "bridged_by_vllm_compat": False,
             "verdict": {"kind": self.kind, "text": self.verdict_text()},
             "exit_code": self.exit_code,
@@ -183,11 +184,11 @@ def _count(names, shown: int) -> str:
     return ", ".join(names[:shown]) + (f", +{len(names) - shown} more" if len(names) > shown else "")
 
 
-def _first_reads(reads) -> list:
-    """One read per vLLM attribute: the first in module / line order."""
+def _first_uses(uses) -> list:
+    """One use per vLLM name: the first in module / line order."""
     first: dict[str, object] = {}
-    for read in sorted(reads, key=lambda r: (r.module, r.line)):
-        first.setdefault(read.target, read)
+    for use in sorted(uses, key=lambda u: (u.module, u.line)):
+        first.setdefault(use.target, use)
     return list(first.values())
 
 
@@ -214,12 +215,14 @@ def run(vllm: CheckInput, plugin: CheckInput) -> PluginCheckResult:
     entrypoints = tuple(e for e in entrypoints if any(r.split(".", 1)[0] == package for r in e.roots))
     drift = check_import_drift(plugin.tree, vllm.tree, package, entrypoints)
     return PluginCheckResult(vllm, plugin, package, host_refs, drift,
-                             _attribute_reads(plugin, vllm, package, entrypoints))
+                             _function_uses(plugin, vllm, package, entrypoints))
 
 
-def _attribute_reads(plugin: CheckInput, vllm: CheckInput, package: str, entrypoints) -> dict:
-    """{entrypoint id: the missing vLLM attribute reads in the modules it reaches} (``detect.attribute_reads``)."""
-    from .detect.attribute_reads import missing_attributes
+def _function_uses(plugin: CheckInput, vllm: CheckInput, package: str, entrypoints) -> dict:
+    """{entrypoint id: what the functions of the modules it reaches use of vLLM that this vLLM lacks}
+    (``detect.function_uses``). A module the plugin imports by name in a function it reaches (``import_module(
+    "kvcached.integration.vllm.autopatch")``, a ``dynamic_import`` row of the release) is reached too."""
+    from .detect.function_uses import missing_uses
     from .detect.import_graph import plugin_graph
     from .entrypoints import called
 
@@ -228,7 +231,14 @@ def _attribute_reads(plugin: CheckInput, vllm: CheckInput, package: str, entrypo
     for entrypoint in entrypoints:
         runs = [r for r in entrypoint.roots if r in graph.modules]
         runs += [called(s) for s in entrypoint.scripts if called(s) in graph.modules]
-        reach[entrypoint.id] = {m.removesuffix(" (functions)") for m in set().union(*map(graph.reached, runs))}
-    found = missing_attributes(plugin.tree, vllm.tree, package, set().union(*reach.values()))
+        modules = {m.removesuffix(" (functions)") for m in set().union(*map(graph.reached, runs))}
+        while True:  # and the modules named by a dynamic import in a module reached
+            more = {n.qualname for n in plugin.release.named if n.role == "dynamic_import"
+                    and n.where.rpartition(".")[0] in modules and n.qualname in graph.modules} - modules
+            if not more:
+                break
+            modules |= {m.removesuffix(" (functions)") for m in set().union(*map(graph.reached, more))}
+        reach[entrypoint.id] = modules
+    found = missing_uses(plugin.tree, vllm.tree, package, set().union(*reach.values()))
     return {entry: tuple(r for r in found if r.module in modules) for entry, modules in reach.items()
             if any(r.module in modules for r in found)}

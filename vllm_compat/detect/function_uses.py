@@ -1,5 +1,11 @@
-"""Attribute reads a plugin makes on vLLM values that this vLLM no longer has, read from the files of both (issue 40,
-plugins/README.md wiring step 10: ``vllm_config.prompt_adapter_config``, sendnn-inference#336).
+"""What a plugin's functions use of vLLM that this vLLM no longer has, read from the files of both (issue 40,
+plugins/README.md wiring steps 3 and 10): imports inside a function (``from vllm.model_executor import
+set_random_seed`` in kvcached's patched ``init_device``, kvcached#241), and attribute reads on vLLM values
+(``vllm_config.prompt_adapter_config``, sendnn-inference#336). Neither stops an import: each fails where its function
+runs.
+
+An import inside a function is missing where vLLM's files say so (``host_index``), unless a ``try`` whose handler
+catches ImportError (or a parent) without raising guards it, or an ``if`` on the running version holds it.
 
 Which values are vLLM's: a parameter or local annotated with a vLLM class, or built from one (``CodeModel.local_types``:
 annotations, constructions, elements of annotated containers), one field further (``sc = vllm_config.scheduler_config``
@@ -25,12 +31,13 @@ from .code_model import CodeModel, Definition, statements
 
 
 @dataclass(frozen=True)
-class MissingAttribute:
+class MissingUse:
     module: str  # the plugin module that reads it
     function: str  # the function (``Class.method``) that reads it
     line: int
-    owner: str  # the vLLM class, dotted
+    owner: str  # the vLLM class (a read) or module (an import), dotted
     name: str
+    how: str = "reads"  # "reads" an attribute, or "imports" a name inside a function
 
     @property
     def target(self) -> str:
@@ -141,7 +148,7 @@ class _Reader:
             guarded = {a.value for node in ast.walk(func) if isinstance(node, ast.Call)
                        and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr")
                        for a in node.args[1:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)}
-            for node in _ungated(func, version_test):
+            for node in _runs(func, version_test, _READ_GUARDS):
                 if isinstance(node, ast.Attribute) and node.attr in guarded:
                     continue
                 if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
@@ -159,16 +166,67 @@ class _Reader:
                         yield where, node.lineno, classes[name], node.attr
 
 
-def _ungated(func, version_test):
-    """The nodes of ``func`` outside the branches of an ``if`` on the running version."""
+    def imports(self, module: str):
+        """``MissingUse`` of each import inside a function of ``module`` that this vLLM lacks, unguarded and ungated
+        (see the module docstring)."""
+        from .host_index import host_index
+        from .source_scan import _version_test
+
+        tree = self.model.module_ast(module)
+        if tree is None:
+            return
+        host, index = self.model.packages["host"], host_index(self.model.trees["host"])
+        version_test = _version_test(self.model.trees["plugin"].read(self.model.module_file(module)) or "")
+        for cls_node, func in _functions(tree):
+            where = f"{cls_node.name}.{func.name}" if cls_node is not None else func.name
+            for node in _runs(func, version_test, _IMPORT_GUARDS):
+                if isinstance(node, ast.ImportFrom) and not node.level and node.module \
+                        and node.module.split(".")[0] == host:
+                    for alias in node.names:
+                        answer = index.lookup(node.module, None if alias.name == "*" else alias.name)
+                        if answer == "no":
+                            yield MissingUse(module, where, node.lineno, node.module, alias.name, "imports")
+                        elif answer == "no_module":
+                            parent, _, leaf = node.module.rpartition(".")
+                            yield MissingUse(module, where, node.lineno, parent, leaf, "imports")
+                            break
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name.split(".")[0] == host and index.lookup(alias.name, None) == "no_module":
+                            parent, _, leaf = alias.name.rpartition(".")
+                            yield MissingUse(module, where, node.lineno, parent, leaf, "imports")
+
+
+# what a handler must catch to guard a use (a bare ``except:`` too), its body not raising
+_IMPORT_GUARDS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+_READ_GUARDS = frozenset({"AttributeError", "Exception", "BaseException"})
+
+
+def _catches(handler: ast.ExceptHandler, guards: frozenset) -> bool:
+    caught = [] if handler.type is None else handler.type.elts if isinstance(handler.type, ast.Tuple) \
+        else [handler.type]
+    names = {(ast.unparse(c).rsplit(".", 1)[-1]) for c in caught}
+    return (handler.type is None or bool(names & guards)) and not any(
+        isinstance(n, ast.Raise) for n in ast.walk(handler))
+
+
+def _runs(func, version_test, guards: frozenset):
+    """The nodes of ``func`` that run unguarded: outside the branches of an ``if`` on the running version, outside a
+    ``try`` body whose handler catches one of ``guards`` without raising, and outside that handler (a fallback)."""
     todo = [func]
     while todo:
         node = todo.pop()
         yield node
         if isinstance(node, ast.If) and version_test.match(f"if {ast.unparse(node.test)}:"):
             todo.append(node.test)
-            continue
-        todo.extend(ast.iter_child_nodes(node))
+        elif isinstance(node, ast.Try):
+            if not any(_catches(h, guards) for h in node.handlers):
+                todo.extend(node.body)
+            # a handler of the same errors is a fallback for what its try did not do; another runs on its error
+            todo.extend(h for h in node.handlers if not _catches(h, guards))
+            todo.extend(node.orelse + node.finalbody)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
 
 
 def _matches(model: CodeModel, side: str, names: set[str], pattern: str) -> set[str]:
@@ -193,10 +251,12 @@ _SUBCLASSES = r"^[ \t]*class[ \t]+\w+\([^)]*\b({names})\b"  # a plugin class der
 _SETS = r"""(?:(?<!self)\.({names})\b[ \t]*=(?!=)|setattr\([^,]+,[ \t]*["']({names})["'])"""
 
 
-def missing_attributes(plugin_tree, host_tree, plugin: str, modules) -> list[MissingAttribute]:
-    """The reads of vLLM attributes this vLLM lacks in the plugin's ``modules`` (see the module docstring)."""
+def missing_uses(plugin_tree, host_tree, plugin: str, modules) -> list[MissingUse]:
+    """The imports inside functions and the reads of vLLM attributes this vLLM lacks in the plugin's ``modules``
+    (see the module docstring)."""
     model = CodeModel(plugin_tree, host_tree, plugin, "vllm")
     reader = _Reader(model)
+    imports = [use for module in sorted(modules) for use in reader.imports(module)]
     candidates = []
     for module in sorted(modules):
         for where, line, cls, name in reader.reads(module):
@@ -204,8 +264,8 @@ def missing_attributes(plugin_tree, host_tree, plugin: str, modules) -> list[Mis
                 continue
             names, complete = model.instance_attributes(cls)
             if complete and name not in names and model.outside_has(cls, name) is False:
-                candidates.append(MissingAttribute(module, where, line, f"{cls.module}.{cls.name}", name))
+                candidates.append(MissingUse(module, where, line, f"{cls.module}.{cls.name}", name))
     names = {c.name for c in candidates}
     defined = _matches(model, "host", names, _DEFINES) | _matches(model, "plugin", names, _SETS)
     subclassed = _matches(model, "plugin", {c.owner.rsplit(".", 1)[1] for c in candidates}, _SUBCLASSES)
-    return [c for c in candidates if c.name not in defined and c.owner.rsplit(".", 1)[1] not in subclassed]
+    return imports + [c for c in candidates if c.name not in defined and c.owner.rsplit(".", 1)[1] not in subclassed]
