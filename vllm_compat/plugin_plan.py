@@ -4,8 +4,8 @@ row each (issue 40).
 Which vLLM releases: ``--vllm A,B`` as given; else the newest patch of each minor on the index (``plan.select_releases``)
 from the lower bound of the plugin's declared vLLM range (its ``Requires-Dist: vllm>=...``), else from ``OLDEST``, up
 to ``--upto`` (else the newest). Each row: whether the declared range admits that vLLM, the verdict, and the
-entrypoints that will not start with the first missing name. What it reads is what ``check`` reads for a plugin:
-imports only (``plugin_check``'s docstring says what that leaves out). Exit codes as ``plan``'s: 0 every release
+entrypoints that will not start or fail when run, with the first missing name. What it reads is what ``check`` reads
+for a plugin (``plugin_check``'s docstring says what that leaves out). Exit codes as ``plan``'s: 0 every release
 read, 2 one could not be read or bad input.
 """
 
@@ -22,11 +22,12 @@ class PluginRow:
     in_range: bool | None = None  # None: nothing declared
     verdict: str = ""  # plugin_check's STARTS / WILL_NOT_START
     stopped: dict[str, list[str]] = field(default_factory=dict)  # entrypoint id -> missing names
+    failing: dict[str, list[str]] = field(default_factory=dict)  # entrypoint id -> what its functions use, gone
     error: str | None = None
 
     def to_dict(self) -> dict:
         return {"vllm": self.vllm, "in_declared_range": self.in_range, "verdict": self.verdict,
-                "will_not_start": self.stopped, "error": self.error}
+                "will_not_start": self.stopped, "fails_when_run": self.failing, "error": self.error}
 
 
 @dataclass
@@ -37,7 +38,7 @@ class PluginPlan:
 
     @property
     def newest_starting(self) -> str | None:
-        found = [r.vllm for r in self.rows if r.error is None and not r.stopped]
+        found = [r.vllm for r in self.rows if r.error is None and not r.stopped and not r.failing]
         return found[-1] if found else None
 
     @property
@@ -81,10 +82,18 @@ def make_plugin_plan(plugin, vllm_versions: list[str] | None = None, upto: str |
             rows.append(PluginRow(version, error=str(exc)))
         else:
             rows.append(PluginRow(result.vllm.version or version, result.allows, result.kind,
-                                  {s.id: sorted(s.missing) for s in result.stopped}))
+                                  {s.id: sorted(s.missing) for s in result.stopped},
+                                  {s.id: sorted({u.target for u in result.reads[s.id]}) for s in result.failing}))
         if progress is not None:
             progress(rows[-1], index, len(vllm_versions))
     return PluginPlan(plugin, declared.requirement if declared is not None else None, rows)
+
+
+def _said(words: str, found: dict[str, list[str]]) -> str:
+    """``WORDS: entrypoints; missing first (+n more)`` of one row's entrypoints."""
+    missing = sorted({name for names in found.values() for name in names})
+    more = f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""
+    return f"{words}: {', '.join(found)}; missing {missing[0]}{more}"
 
 
 def render(plan: PluginPlan, width: int | None = None) -> str:
@@ -96,7 +105,7 @@ def render(plan: PluginPlan, width: int | None = None) -> str:
     plugin = plan.plugin
     first, last = (plan.rows[0].vllm, plan.rows[-1].vllm) if plan.rows else ("-", "-")
     lines = [f"vllm-compat plan: {plugin.distribution} {plugin.version} on vLLM {first} .. {last} (read from the "
-             "files, nothing installed or imported; imports only)",
+             "files, nothing installed or imported)",
              f"  declared vLLM range: {plan.declared or 'none'}", ""]
     range_word = {True: "in range", False: "OUTSIDE", None: "-"}
     vllm_width = max([len(r.vllm) for r in plan.rows] + [4])
@@ -105,11 +114,9 @@ def render(plan: PluginPlan, width: int | None = None) -> str:
         if r.error:
             lines.append(f"  {r.vllm:<{vllm_width}}  {'':<8}  could not be checked: {r.error}")
             continue
-        missing = sorted({name for names in r.stopped.values() for name in names})
-        said = "starts" if not r.stopped else (
-            f"WILL NOT START: {', '.join(r.stopped)}; missing {missing[0]}"
-            + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
-        lines.append(f"  {r.vllm:<{vllm_width}}  {range_word[r.in_range]:<8}  {said}")
+        said = "; ".join(_said(words, found) for words, found in (("WILL NOT START", r.stopped),
+                                                                    ("FAILS WHEN RUN", r.failing)) if found)
+        lines.append(f"  {r.vllm:<{vllm_width}}  {range_word[r.in_range]:<8}  {said or 'starts'}")
     lines += ["", f"  newest vLLM where every entrypoint starts: {plan.newest_starting or 'none of these'}",
               f"  (each row as `vllm-compat check vllm==V {plugin.distribution}=={plugin.version}` says it; "
               "--json: the same as data)"]

@@ -62,3 +62,21 @@ def test_plan_starts_at_the_declared_lower_bound_and_says_what_is_outside(capsys
 def test_plan_still_refuses_a_vllm_spec(capsys):
     assert main(["plan", "vllm==0.24.0"]) == 2
     assert "plan takes the vllm-omni to plan" in capsys.readouterr().err
+
+
+def test_plan_rows_say_where_a_plugin_release_fails_when_run(capsys):
+    """vllm-spyre 0.5.3 on vLLM 0.9.2 ([[known_good]]) starts; on 0.10.0 its model runner reads
+    ``vllm_config.prompt_adapter_config``, gone (sendnn-inference#336): that row fails when run."""
+    report = REPORTS["sendnn-inference#336"]
+    good = next(g for g in DATA["known_good"] if g["plugin"] == report["plugin"]
+                and g["plugin_version"] == report["plugin_version"])
+    for version in (good["vllm"], report["vllm"]):
+        vllm_wheel_or_skip(version)
+    release_or_skip(report["plugin"], report["plugin_version"])
+    spec = f"{report['plugin']}=={report['plugin_version']}"
+    assert main(["plan", spec, "--vllm", f"{good['vllm']},{report['vllm']}", "--json"]) == 0
+    rows = {r["vllm"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows[good["vllm"]]["verdict"] == "starts" and not rows[good["vllm"]]["fails_when_run"]
+    failing = rows[report["vllm"]]["fails_when_run"]
+    assert rows[report["vllm"]]["verdict"] == "fails_when_run"
+    assert any(report["failing_name"] in names for names in failing.values()), failing
