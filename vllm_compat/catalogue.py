@@ -90,6 +90,8 @@ CATALOGUE: tuple[Entry, ...] = (
           "OmniARAsyncScheduler._update_request_with_output"),
     Entry("structured_output_should_advance", "stand-in", _B + "structured_output_should_advance",
           "vllm.v1.structured_output", "StructuredOutputManager.should_advance"),
+    Entry("structured_output_reasoning_trim", "adapter", _B + "structured_output_reasoning_trim",
+          "vllm_omni.core.sched.omni_ar_scheduler", "OmniARScheduler.update_from_output"),
     Entry("async_runner_output_init_attrs", "adapter", _B + "async_runner_output_init_attrs",
           "vllm_omni.worker.gpu_ar_model_runner", "OmniAsyncGPUModelRunnerOutput.get_output"),
     Entry("ar_runner_prepare_inputs", "adapter", _B + "ar_runner_prepare_inputs",
