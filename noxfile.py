@@ -143,6 +143,8 @@ def _cell_env(cell: dict) -> dict:
     if "entrypoints" in cell:  # per entrypoint: works / works_with_vllm_compat / will_not_start / absent
         env["VLLM_COMPAT_EXPECT_ENTRYPOINTS"] = ",".join(f"{k}={v}" for k, v in cell["entrypoints"].items())
     env["VLLM_COMPAT_CELL"] = cell["id"]
+    if cell.get("plugin_tests"):  # tests/plugins read the plugins' releases here, fetching what is not cached
+        env["VLLM_COMPAT_FETCH_PLUGIN_RELEASES"] = "1"
     # Let the cell's interpreters write bytecode (empty = unset for Python): uv installs none, and where the
     # environment sets PYTHONDONTWRITEBYTECODE (these CI machines do) every new interpreter compiled vLLM and
     # vllm-omni again: importing vllm-omni's loader took 62 s of CPU without .pyc files, 31 s with (vLLM 0.30).

@@ -46,6 +46,7 @@ TOOLING_VARS = frozenset({
     "VLLM_COMPAT_DIFFUSION_PATH_OUT",  # noxfile.py -> tests/bridges/test_diffusion_path.py: its summary file
     "VLLM_COMPAT_REFERENCE_LOADER",  # tests/faults: the reference loader's source
     "VLLM_COMPAT_MUTANTS_LAUNCH",  # mutation/run.py: its launcher's one-shot flag
+    "VLLM_COMPAT_FETCH_PLUGIN_RELEASES",  # noxfile.py -> tests/plugins: fetch the plugins' releases (one cell)
 })
 TOOLING_PREFIXES = ("VLLM_COMPAT_EXPECT_",)  # noxfile.py -> tests/test_matrix_consistency.py: a cell's expectations
 _TRUE = ("1", "true", "yes", "on")

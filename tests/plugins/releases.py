@@ -11,6 +11,16 @@ import pytest
 
 from vllm_compat.detect.wheels import cache_dir
 
+# "1": fetch a release that is not cached (a plugin's wheel with pip, vLLM's members by range requests) instead of
+# skipping; CI sets it in the one cell whose matrix/vllm.toml row says plugin_tests = true (noxfile._cell_env)
+FETCH = "VLLM_COMPAT_FETCH_PLUGIN_RELEASES"
+
+
+def fetching() -> bool:
+    import os
+
+    return os.environ.get(FETCH) == "1"
+
 HOW = ("put it there from https://pypi.org/project/{name}/{version}/#files (any wheel of that version, or the "
        "sdist where there is no wheel)")
 
@@ -46,7 +56,14 @@ def release_path(name: str, version: str) -> Path | None:
 
 
 def release_or_skip(name: str, version: str) -> Path:
+    from vllm_compat.detect.wheels import WheelError, fetch_wheel
+
     path = release_path(name, version)
+    if path is None and fetching():
+        try:
+            path = fetch_wheel(name, version)[0]
+        except WheelError as exc:  # an sdist-only release (kvcached), a wheel of another platform (vllm-metal)
+            pytest.skip(f"{name}=={version}: no wheel pip can fetch for this machine ({exc.kind})")
     if path is None:
         pytest.skip(f"{name}=={version} is not in {cache_dir()}: " + HOW.format(name=name, version=version))
     return path
@@ -59,6 +76,16 @@ def vllm_wheel_or_skip(version: str) -> Path | str:
     if path is not None and path.name.endswith(".whl"):
         return path
     members = cache_dir() / "members"
-    if members.is_dir() and any(m.name.startswith(f"vllm-{version}-") for m in members.iterdir()):
-        return f"vllm=={version}"
+    if fetching() or members.is_dir() and any(m.name.startswith(f"vllm-{version}-") for m in members.iterdir()):
+        return f"vllm=={version}"  # check reads (or fetches) the members
     pytest.skip(f"vllm=={version} is not in {cache_dir()} (`vllm-compat check vllm=={version} ...` puts it there)")
+
+
+def vllm_tree_or_skip(version: str):
+    """vLLM ``version``'s tree: its cached wheel, else the members ``check`` reads of it (fetched where
+    ``fetching()``); a skip otherwise."""
+    from vllm_compat.detect.source_tree import SourceTree
+    from vllm_compat.detect.wheel_members import open_release
+
+    found = vllm_wheel_or_skip(version)
+    return SourceTree(found) if isinstance(found, Path) else open_release("vllm", version).tree

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugins.releases import release_path
+from tests.plugins.releases import release_or_skip
 from vllm_compat.detect.plugin_entrypoints import read_plugin
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+; the table is read on 3.11+ only")
@@ -70,9 +70,7 @@ def test_a_pair_is_both_broken_and_known_good_only_where_the_run_decides():
                                  and not r["pypi_plugin"].startswith("no")], ids=lambda r: r["id"])
 def test_where_and_declared_range_match_the_release(row):
     """`where` names a module the release ships, and `declared` / `in_declared_range` are what its metadata says."""
-    path = release_path(row["plugin"], row["plugin_version"])
-    if path is None:
-        pytest.skip(f"{row['plugin']}=={row['plugin_version']} is not cached (plugins/README.md: fetching releases)")
+    path = release_or_skip(row["plugin"], _released(row["plugin_version"]))
     plugin = read_plugin(path)
     module = row["where"].split(":", 1)[0].split(" ", 1)[0]
     assert module in plugin.modules, f"{row['id']}: {module} is not in {path.name}"
@@ -89,9 +87,7 @@ def test_where_and_declared_range_match_the_release(row):
 @pytest.mark.parametrize("row", [r for r in KNOWN_GOOD if r["confidence"] == "declared"],
                          ids=lambda r: f"{r['plugin']}-{r['plugin_version']}+vllm-{r['vllm']}")
 def test_declared_known_good_pairs_are_inside_the_declared_range(row):
-    path = release_path(row["plugin"], row["plugin_version"])
-    if path is None:
-        pytest.skip(f"{row['plugin']}=={row['plugin_version']} is not cached")
+    path = release_or_skip(row["plugin"], row["plugin_version"])
     assert read_plugin(path).allows_vllm(row["vllm"]) is True
 
 

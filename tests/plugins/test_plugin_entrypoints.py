@@ -16,7 +16,7 @@ import zipfile
 
 import pytest
 
-from tests.plugins.releases import release_or_skip, vllm_wheel_or_skip
+from tests.plugins.releases import release_or_skip, vllm_tree_or_skip
 from tests.support.trees import write_tree
 from vllm_compat.detect.plugin_entrypoints import (
     ArchiveTree,
@@ -24,7 +24,6 @@ from vllm_compat.detect.plugin_entrypoints import (
     host_references,
     read_plugin,
 )
-from vllm_compat.detect.source_tree import SourceTree
 from vllm_compat.entrypoints import Entrypoint
 
 
@@ -155,7 +154,7 @@ def test_tpu_inference_has_no_entry_point_and_vllm_imports_it():
     assert _named(plugin, "attention_backend") == {"tpu_inference.layers.vllm.attention.PallasAttentionBackend"}
     assert _named(plugin, "worker") == {"tpu_inference.worker.tpu_worker.TPUWorker"}
     assert "vllm.attention.backends.pallas.PallasAttentionBackend" in {r.name for r in plugin.host_refs}
-    refs = host_references(SourceTree(vllm_wheel_or_skip("0.24.0")), plugin.packages)
+    refs = host_references(vllm_tree_or_skip("0.24.0"), plugin.packages)
     assert ("vllm.platforms.tpu", "tpu_inference.platforms.TpuPlatform", "import") in {
         (r.importer, r.target, r.how) for r in refs}
     assert ("vllm.platforms", "tpu_inference.platforms.tpu_platform.TpuPlatform", "string") in {
@@ -169,7 +168,7 @@ def test_lmcache_is_imported_by_vllm_and_misses_what_vllm_0_24_imports():
     lmcache.v1.plugin.runtime_plugin_launcher; lmcache 0.3.10 (2025) has lmcache/v1/plugin/ but not that module."""
     plugin = read_plugin(release_or_skip("lmcache", "0.3.10"))
     assert plugin.callables == () and plugin.startup == ()
-    refs = host_references(SourceTree(vllm_wheel_or_skip("0.24.0")), plugin.packages)
+    refs = host_references(vllm_tree_or_skip("0.24.0"), plugin.packages)
     assert ("vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector",
             "lmcache.integration.vllm.vllm_v1_adapter.LMCacheConnectorV1Impl") in {(r.importer, r.target) for r in refs}
     missing = {r.module for r in plugin.missing_for_host(refs)}

@@ -335,7 +335,7 @@ def _closed_getattr_names(text: str, tops: list[int]) -> set[str] | None:
             statement = statement.orelse[0]  # an elif
         else:
             return None
-    return answered
+    return answered or None  # one that answers nothing is left "unknown", as a lazy module's placeholder
 
 
 def _record_binding(text: str, start: int, line: str, context: str, summary: ModuleSummary) -> str | None:
