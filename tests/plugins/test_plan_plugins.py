@@ -19,11 +19,10 @@ DATA = tomllib.loads((Path(__file__).resolve().parents[2] / "plugins" / "breakag
 REPORTS = {r["id"]: r for r in DATA["report"]}
 
 
-def test_plan_rows_say_where_a_plugin_release_stops(capsys):
-    """tpu-inference 0.28.0 was built and tested against vLLM 0.28.0 ([[known_good]]) and stops on 0.29.0's missing
-    ``get_kv_cache_layout`` (tpu-inference#3485): the plan's rows say both, and the newest vLLM where everything
-    starts is 0.28.0."""
-    report = REPORTS["tpu-inference#3485"]
+def _plan_good_and_reported(capsys, report_id: str) -> tuple[dict, dict, str, dict]:
+    """``(report, its release's [[known_good]] pair, the plugin spec, plan --json's rows by vLLM)`` of ``plan`` over
+    the known-good vLLM and the report's."""
+    report = REPORTS[report_id]
     good = next(g for g in DATA["known_good"] if g["plugin"] == report["plugin"]
                 and g["plugin_version"] == report["plugin_version"])
     for version in (good["vllm"], report["vllm"]):
@@ -31,7 +30,14 @@ def test_plan_rows_say_where_a_plugin_release_stops(capsys):
     release_or_skip(report["plugin"], report["plugin_version"])
     spec = f"{report['plugin']}=={report['plugin_version']}"
     assert main(["plan", spec, "--vllm", f"{good['vllm']},{report['vllm']}", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    return report, good, spec, json.loads(capsys.readouterr().out)
+
+
+def test_plan_rows_say_where_a_plugin_release_stops(capsys):
+    """tpu-inference 0.28.0 was built and tested against vLLM 0.28.0 ([[known_good]]) and stops on 0.29.0's missing
+    ``get_kv_cache_layout`` (tpu-inference#3485): the plan's rows say both, and the newest vLLM where everything
+    starts is 0.28.0."""
+    report, good, spec, data = _plan_good_and_reported(capsys, "tpu-inference#3485")
     rows = {r["vllm"]: r for r in data["rows"]}
     assert rows[good["vllm"]]["verdict"] == "starts" and not rows[good["vllm"]]["will_not_start"]
     stopped = rows[report["vllm"]]["will_not_start"]
@@ -67,15 +73,8 @@ def test_plan_still_refuses_a_vllm_spec(capsys):
 def test_plan_rows_say_where_a_plugin_release_fails_when_run(capsys):
     """vllm-spyre 0.5.3 on vLLM 0.9.2 ([[known_good]]) starts; on 0.10.0 its model runner reads
     ``vllm_config.prompt_adapter_config``, gone (sendnn-inference#336): that row fails when run."""
-    report = REPORTS["sendnn-inference#336"]
-    good = next(g for g in DATA["known_good"] if g["plugin"] == report["plugin"]
-                and g["plugin_version"] == report["plugin_version"])
-    for version in (good["vllm"], report["vllm"]):
-        vllm_wheel_or_skip(version)
-    release_or_skip(report["plugin"], report["plugin_version"])
-    spec = f"{report['plugin']}=={report['plugin_version']}"
-    assert main(["plan", spec, "--vllm", f"{good['vllm']},{report['vllm']}", "--json"]) == 0
-    rows = {r["vllm"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    report, good, _, data = _plan_good_and_reported(capsys, "sendnn-inference#336")
+    rows = {r["vllm"]: r for r in data["rows"]}
     assert rows[good["vllm"]]["verdict"] == "starts" and not rows[good["vllm"]]["fails_when_run"]
     failing = rows[report["vllm"]]["fails_when_run"]
     assert rows[report["vllm"]]["verdict"] == "fails_when_run"

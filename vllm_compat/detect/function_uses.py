@@ -59,6 +59,16 @@ class _Reader:
     def __init__(self, model: CodeModel):
         self.model = model
         self._type_checking: dict[str, dict[str, Definition | None]] = {}
+        self._version_tests: dict = {}
+
+    def version_test(self, module: str):
+        """``source_scan``'s version-test pattern for ``module`` (its module-level version flags), read once."""
+        from .source_scan import _version_test
+
+        if module not in self._version_tests:
+            self._version_tests[module] = _version_test(
+                self.model.trees["plugin"].read(self.model.module_file(module)) or "")
+        return self._version_tests[module]
 
     def type_checking_imports(self, module: str) -> dict[str, Definition | None]:
         """{name: vLLM class} of ``from vllm... import Name`` under a module-level ``if TYPE_CHECKING:``, whose
@@ -133,12 +143,11 @@ class _Reader:
         """``(function, line, vLLM class, attribute)`` of each read on a vLLM value in ``module``, but those a
         ``hasattr`` / ``getattr`` in the same function names (a guard) and those under an ``if`` on the running
         version (``source_scan``'s rule: only the run decides)."""
-        from .source_scan import _version_test
 
         tree = self.model.module_ast(module)
         if tree is None:
             return
-        version_test = _version_test(self.model.trees["plugin"].read(self.model.module_file(module)) or "")
+        version_test = self.version_test(module)
         classes: dict[str, Definition | None] = {}
         for cls_node, func in _functions(tree):
             where = f"{cls_node.name}.{func.name}" if cls_node is not None else func.name
@@ -170,13 +179,12 @@ class _Reader:
         """``MissingUse`` of each import inside a function of ``module`` that this vLLM lacks, unguarded and ungated
         (see the module docstring)."""
         from .host_index import host_index
-        from .source_scan import _version_test
 
         tree = self.model.module_ast(module)
         if tree is None:
             return
         host, index = self.model.packages["host"], host_index(self.model.trees["host"])
-        version_test = _version_test(self.model.trees["plugin"].read(self.model.module_file(module)) or "")
+        version_test = self.version_test(module)
         for cls_node, func in _functions(tree):
             where = f"{cls_node.name}.{func.name}" if cls_node is not None else func.name
             for node in _runs(func, version_test, _IMPORT_GUARDS):
