@@ -104,6 +104,8 @@ CATALOGUE: tuple[Entry, ...] = (
           "OmniGPUModelRunner.uses_xdrope_dim"),
     Entry("runner_routed_experts_removed", "stand-in", _B + "runner_routed_experts_removed",
           "vllm_omni.worker.gpu_model_runner", "OmniGPUModelRunner.routed_experts_initialized"),
+    Entry("routed_experts_clear_buffer", "patch", _P + "routed_experts_clear_buffer",
+          "vllm_omni.worker.gpu_ar_model_runner", "GPUARModelRunner.execute_model"),
     Entry("runner_cascade_attention_removed", "adapter", _B + "runner_cascade_attention_removed",
           "vllm_omni.worker.gpu_model_runner", "OmniGPUModelRunner._build_attention_metadata"),
     Entry("routed_experts_lists", "stand-in", _B + "routed_experts_lists", "vllm.v1.outputs", "RoutedExpertsLists"),

@@ -37,6 +37,14 @@ class Decision:
     # behaviour out rather than a name: the verdict names it under that entrypoint, whatever the import drift says.
     leaves_out_of: str = ""
 
+    @property
+    def accounts_for_drift(self) -> bool:
+        """Whether the behavioural drift this entry handles (``DriftPoint.handles_drift``) is accounted for: it acts
+        ("patched"), or it names the feature the drift leaves out of an entrypoint (``leaves_out_of``), so the
+        verdict says it in words instead of as an unhandled finding."""
+        return self.action == Action.PATCHED or bool(self.leaves_out and self.leaves_out_of
+                                                     and self.action != Action.DISABLED)
+
     def to_dict(self) -> dict:
         data = asdict(self)
         if not self.provides:
@@ -81,9 +89,10 @@ def plan(site, controls) -> list:
 
 def decided(site, controls) -> tuple[list, dict]:
     """Every catalogue entry's Decision under ``controls``, as ``plan`` decides them, without the facts: what the
-    static doctor reports; and ``{entry id: handles_drift}`` of each entry decided "patched" whose drift point
-    matches behavioural drift by those patterns alone (``DriftPoint.handles`` as the base class has it): what
-    the verdict asks of the acting drift points (``bridges.drift_handler``). An installed site keeps both with its
+    static doctor reports; and ``{entry id: handles_drift}`` of each entry that accounts for its drift
+    (``Decision.accounts_for_drift``) whose drift point matches behavioural drift by those patterns alone
+    (``DriftPoint.handles`` as the base class has it): what the verdict asks of the acting drift points
+    (``bridges.drift_handler``). An installed site keeps both with its
     facts, by controls (``StaticSite.decisions``), so a warm doctor neither reads the facts back nor imports a
     drift point."""
 
@@ -92,7 +101,7 @@ def decided(site, controls) -> tuple[list, dict]:
 
         planned = plan(site, controls)
         handles = {entry.id: entry.point.handles_drift for entry, _, decision in planned
-                   if decision.action == Action.PATCHED and type(entry.point).handles is DriftPoint.handles}
+                   if decision.accounts_for_drift and type(entry.point).handles is DriftPoint.handles}
         return [decision for _, _, decision in planned], handles
 
     decisions, handles = site.decisions(controls, decide)

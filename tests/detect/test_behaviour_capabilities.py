@@ -250,6 +250,56 @@ def test_a_step_reading_what_the_vllm_runner_stopped_assigning_stops_the_llm_sta
     assert attribute.stops_in == (("llm_stage", ""),)
 
 
+@pytest.mark.parametrize("picked", ["in-a-step", "elsewhere", "rebound"])
+def test_an_object_a_step_builds_and_hands_to_vllm_reading_what_its_skipped_init_sets(tmp_path, picked):
+    """The shape of vllm-omni 0.24.0's async runner output on vLLM 0.30: the AR runner's ``sample_tokens`` (a step)
+    picks ``OmniAsyncOutput if use_async else AsyncOutput`` into a local and builds it; vLLM's engine then calls the
+    inherited ``get``, which reads what only vLLM's skipped ``__init__`` sets. Building it in the step is what runs
+    vLLM's reader, so the stage stops under the pick's test; built only in a function no step runs, or through a
+    local bound again to something else before the call, it stays "when used"."""
+    old = {"vllm/outputs.py": """
+        class AsyncOutput:
+            def __init__(self, tokens):
+                self._tokens = tokens
+
+            def get(self):
+                return self._tokens
+        """}
+    new = {"vllm/outputs.py": """
+        class AsyncOutput:
+            def __init__(self, tokens, nans=None):
+                self._tokens = tokens
+                self._nans = nans
+
+            def get(self):
+                if self._nans is not None:
+                    del self._nans
+                return self._tokens
+        """}
+    method = "debug_dump" if picked == "elsewhere" else "sample_tokens"
+    rebind = "output_cls = self.output_factory" if picked == "rebound" else "pass"
+    plugin = {**STAGE, "vllm_omni/worker/gpu_ar_model_runner.py": f"""
+        from vllm.outputs import AsyncOutput
+
+        class OmniAsyncOutput(AsyncOutput):
+            def __init__(self, tokens):
+                self._tokens = tokens
+
+        class GPUARModelRunner:
+            def {method}(self, tokens, use_async):
+                output_cls = OmniAsyncOutput if use_async else AsyncOutput
+                {rebind}
+                return output_cls(tokens)
+        """}
+    (before, _, _), drift = _drift(tmp_path, plugin, old, new)
+    assert before == []
+    (finding,) = drift.findings
+    assert (finding.kind, finding.names, finding.readers) == ("attribute", ("_nans",), ())
+    assert finding.plugin_object == "vllm_omni.worker.gpu_ar_model_runner.OmniAsyncOutput"
+    assert finding.stops_in == ((("llm_stage", "use_async"),) if picked == "in-a-step" else ())
+    assert finding.effect("llm_stage") == ("stops_when" if picked == "in-a-step" else "when_used")
+
+
 # ------------------------------------------------------------------------------- what an attribute holds
 
 

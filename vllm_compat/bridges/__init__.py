@@ -129,15 +129,16 @@ def provided_by_decisions(decisions) -> dict[str, str]:
 
 
 def drift_handler(decisions, handles: dict | None = None):
-    """``handler(finding) -> entry id | None``: the first drift point decided "patched" among ``decisions`` that
-    handles the behavioural-drift finding (``DriftPoint.handles``). ``handles``: ``{entry id: handles_drift}``
-    where the patterns are known without importing the drift point (``decide.decided``); the acting entries it
-    does not name are imported and asked, at the first finding (a pair without behavioural drift imports none)."""
+    """``handler(finding) -> entry id | None``: the first drift point among ``decisions`` that accounts for its drift
+    (``Decision.accounts_for_drift``: it acts, or it names what the drift leaves out) and handles the behavioural-drift
+    finding (``DriftPoint.handles``). ``handles``: ``{entry id: handles_drift}`` where the patterns are known without
+    importing the drift point (``decide.decided``); the entries it does not name are imported and asked, at the
+    first finding (a pair without behavioural drift imports none)."""
     from ..catalogue import entry as catalogue_entry
 
     patched = []
     for decision in decisions:
-        if decision.action == "patched":
+        if decision.accounts_for_drift:
             try:
                 patched.append(catalogue_entry(decision.name))
             except KeyError:

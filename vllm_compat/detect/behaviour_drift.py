@@ -129,7 +129,7 @@ class _Scan:
                 if isinstance(node, ast.Call):
                     self._call(module, node, cls, func, cond)
                     if func is not None:
-                        self._edge(module, node, cls, func.name, cond)
+                        self._edge(module, node, cls, func, cond)
                 elif isinstance(node, ast.Assign):
                     self._unpack(module, node, cls, func, cond)
                 if isinstance(node, (ast.Assign, ast.AnnAssign)) and func is not None:
@@ -183,13 +183,18 @@ class _Scan:
 
     # ------------------------------------------------------------------------------------ startup paths
 
-    def _edge(self, module: str, node: ast.Call, cls, func: str, cond: str) -> None:
-        """Record what a call inside plugin function ``func`` runs of the plugin's own code: a function, a
-        class's constructor (and the class as built), a method of its own class (``self.m()``, ``super().m()``)."""
-        caller = ".".join(p for p in (module, cls.name if cls is not None else None, func) if p)
+    def _edge(self, module: str, node: ast.Call, cls, func, cond: str) -> None:
+        """Record what a call inside plugin function ``func`` (its def) runs of the plugin's own code: a function, a
+        class's constructor (and the class as built), a method of its own class (``self.m()``, ``super().m()``), a
+        class picked into a local first (``out_cls = A if test else B; out_cls(...)``)."""
+        caller = ".".join(p for p in (module, cls.name if cls is not None else None, func.name) if p)
         callee = node.func
         targets = self.calls.setdefault(caller, {})
         here = Definition("plugin", module, cls.name, cls) if cls is not None else None
+        if isinstance(callee, ast.Name) and callee.id in (picked := self._picked_classes(module, func)):
+            for built, picked_when in picked[callee.id]:
+                self._built_edge(targets, built, picked_when or cond)
+            return
         if isinstance(callee, ast.Attribute) and isinstance(callee.value, ast.Name) \
                 and callee.value.id in ("self", "cls") and here is not None:
             found = self.model.member(here, callee.attr)
@@ -213,12 +218,45 @@ class _Scan:
             if isinstance(passed, Definition) and passed.side == "plugin" and not passed.is_class:
                 _add_edge(targets, passed.path, cond)  # a class handed over is not built (isinstance(x, Cls))
         if isinstance(found, Definition) and found.side == "plugin":
-            _add_edge(targets, found.path, cond)
-            if found.is_class:
-                self.built.add(found.path)
-            init = self.model.constructor(found)[0] if found.is_class else None
-            if init is not None and init.side == "plugin":
-                _add_edge(targets, init.path, cond)
+            self._built_edge(targets, found, cond)
+
+    def _built_edge(self, targets: dict[str, str], found: Definition, cond: str) -> None:
+        """A call of the plugin's function or class ``found``: the class counts as built, its constructor runs."""
+        _add_edge(targets, found.path, cond)
+        if found.is_class:
+            self.built.add(found.path)
+        init = self.model.constructor(found)[0] if found.is_class else None
+        if init is not None and init.side == "plugin":
+            _add_edge(targets, init.path, cond)
+
+    def _picked_classes(self, module: str, func) -> dict[str, list[tuple[Definition, str]]]:
+        """``{local name: [(plugin class, the test it is picked under: "" always)]}`` for each plain local of
+        ``func`` assigned one class name, or one of two (``A if test else B``), and nothing else."""
+        key = ("picked", id(func))
+        if key not in self.memo:
+            picked: dict[str, list] = {}
+            assigned: dict[str, int] = {}
+            for node in ast.walk(func):
+                if not isinstance(node, ast.Assign):
+                    continue
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        assigned[target.id] = assigned.get(target.id, 0) + 1
+                if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
+                    continue
+                value = node.value
+                test = _short(ast.unparse(value.test)) if isinstance(value, ast.IfExp) else ""
+                options = [(value.body, test), (value.orelse, f"not ({test})")] if test else [(value, "")]
+                classes = []
+                for option, picked_when in options:
+                    written = dotted(option) if isinstance(option, (ast.Name, ast.Attribute)) else None
+                    found = self.model.resolve_expr(module, written) if written else None
+                    if isinstance(found, Definition) and found.is_class and found.side == "plugin":
+                        classes.append((found, picked_when))
+                if classes:
+                    picked[node.targets[0].id] = classes
+            self.memo[key] = {name: classes for name, classes in picked.items() if assigned.get(name) == 1}
+        return self.memo[key]
 
     def _held(self, cls: Definition) -> dict[str, Definition]:
         """``{attribute: plugin class}`` for the ``self.x = Cls(...)`` assignments of ``cls``'s methods (and its
@@ -998,6 +1036,11 @@ def scan(plugin_tree: SourceTree, host_tree: SourceTree, plugin: str = "vllm_omn
             return None if not conds else "" if "" in conds else conds[0]
         if finding.kind == "attribute":  # read by vllm-omni's own functions: the first that runs decides
             conds = [started[r] for r in finding.readers if r in started]
+            if not finding.readers and finding.endpoint() is None:
+                # vLLM's own method reads it from a plugin object that a step builds and hands to vLLM (an inherited
+                # method reading what a skipped __init__ sets): building the object is what runs it
+                conds = [c for p, c in started.items() if p in (finding.plugin_object,
+                                                                finding.plugin_object + ".__init__")]
             return None if not conds else "" if "" in conds else conds[0]
         if finding.kind not in ("call", "unpack") or finding.plugin_object not in started:
             return None
