@@ -92,9 +92,8 @@ def decided(site, controls) -> tuple[list, dict]:
     static doctor reports; and ``{entry id: handles_drift}`` of each entry that accounts for its drift
     (``Decision.accounts_for_drift``) whose drift point matches behavioural drift by those patterns alone
     (``DriftPoint.handles`` as the base class has it): what the verdict asks of the acting drift points
-    (``bridges.drift_handler``). An installed site keeps both with its
-    facts, by controls (``StaticSite.decisions``), so a warm doctor neither reads the facts back nor imports a
-    drift point."""
+    (``bridges.drift_handler``). An installed site keeps both with its facts, by controls (``StaticSite.decisions``),
+    so a warm doctor neither reads the facts back nor imports a drift point."""
 
     def decide():
         from .drift import DriftPoint

@@ -126,28 +126,31 @@ def test_a_tuple_unpacked_from_an_inherited_vllm_method_is_held_to_its_length(tm
 # ------------------------------------------------------------------------------------- attributes of self
 
 
+# vLLM's async output before and after it grew state only its own ``__init__`` sets (vLLM 0.30's ``_num_nans_cpu``)
+ASYNC_OUTPUT_OLD = {"vllm/outputs.py": """
+    class AsyncOutput:
+        def __init__(self, tokens):
+            self._tokens = tokens
+
+        def get(self):
+            return self._tokens
+    """}
+ASYNC_OUTPUT_NEW = {"vllm/outputs.py": """
+    class AsyncOutput:
+        def __init__(self, tokens, nans=None):
+            self._tokens = tokens
+            self._nans = nans
+
+        def get(self):
+            if self._nans is not None:
+                del self._nans
+            return self._tokens
+    """}
+
+
 def test_an_inherited_vllm_method_reading_what_a_skipped_base_init_sets(tmp_path):
     """The shape of vllm-omni's async runner output: its ``__init__`` sets vLLM 0.24's attributes itself and never
     calls vLLM's, whose later version sets one more that the inherited reader needs."""
-    old = {"vllm/outputs.py": """
-        class AsyncOutput:
-            def __init__(self, tokens):
-                self._tokens = tokens
-
-            def get(self):
-                return self._tokens
-        """}
-    new = {"vllm/outputs.py": """
-        class AsyncOutput:
-            def __init__(self, tokens, nans=None):
-                self._tokens = tokens
-                self._nans = nans
-
-            def get(self):
-                if self._nans is not None:
-                    del self._nans
-                return self._tokens
-        """}
     plugin = {"vllm_omni/entrypoints/omni.py": """
         from vllm.outputs import AsyncOutput
 
@@ -159,7 +162,7 @@ def test_an_inherited_vllm_method_reading_what_a_skipped_base_init_sets(tmp_path
             def get(self):
                 return super().get(), self._builder()
         """}
-    (before, _, _), drift = _drift(tmp_path, plugin, old, new)
+    (before, _, _), drift = _drift(tmp_path, plugin, ASYNC_OUTPUT_OLD, ASYNC_OUTPUT_NEW)
     assert before == []
     assert _found(drift) == {("attribute", "outputs.AsyncOutput._nans", ("_nans",))}
     (finding,) = drift.findings
@@ -257,25 +260,6 @@ def test_an_object_a_step_builds_and_hands_to_vllm_reading_what_its_skipped_init
     inherited ``get``, which reads what only vLLM's skipped ``__init__`` sets. Building it in the step is what runs
     vLLM's reader, so the stage stops under the pick's test; built only in a function no step runs, or through a
     local bound again to something else before the call, it stays "when used"."""
-    old = {"vllm/outputs.py": """
-        class AsyncOutput:
-            def __init__(self, tokens):
-                self._tokens = tokens
-
-            def get(self):
-                return self._tokens
-        """}
-    new = {"vllm/outputs.py": """
-        class AsyncOutput:
-            def __init__(self, tokens, nans=None):
-                self._tokens = tokens
-                self._nans = nans
-
-            def get(self):
-                if self._nans is not None:
-                    del self._nans
-                return self._tokens
-        """}
     method = "debug_dump" if picked == "elsewhere" else "sample_tokens"
     rebind = "output_cls = self.output_factory" if picked == "rebound" else "pass"
     plugin = {**STAGE, "vllm_omni/worker/gpu_ar_model_runner.py": f"""
@@ -291,7 +275,7 @@ def test_an_object_a_step_builds_and_hands_to_vllm_reading_what_its_skipped_init
                 {rebind}
                 return output_cls(tokens)
         """}
-    (before, _, _), drift = _drift(tmp_path, plugin, old, new)
+    (before, _, _), drift = _drift(tmp_path, plugin, ASYNC_OUTPUT_OLD, ASYNC_OUTPUT_NEW)
     assert before == []
     (finding,) = drift.findings
     assert (finding.kind, finding.names, finding.readers) == ("attribute", ("_nans",), ())

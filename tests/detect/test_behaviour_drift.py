@@ -12,16 +12,15 @@ no release pair has.
 from __future__ import annotations
 
 import ast
-import json
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.check_json import check_json
 from tests.support.trees import write_tree
 from tests.support.wheels import wheel_or_skip
-from vllm_compat.cli import main
 from vllm_compat.detect.behaviour_drift import check_behaviour_drift, scan
 from vllm_compat.detect.code_model import CodeModel, bound_params, dotted
 from vllm_compat.detect.model import why_call_fails
@@ -42,16 +41,6 @@ sweep_here = pytest.mark.skipif(
 def wheel_cache(tmp_path_factory):
     """tests/test_check.py's wheel cache: VLLM_COMPAT_WHEEL_CACHE (nox shares one per run), else the user's."""
     return os.environ.get("VLLM_COMPAT_WHEEL_CACHE")
-
-
-def _check_json(capsys, monkeypatch, vllm: str, omni: str, disabled: str = "") -> tuple[int, dict]:
-    if disabled:
-        monkeypatch.setenv("VLLM_COMPAT_DISABLE_PATCHES", disabled)
-    else:
-        monkeypatch.delenv("VLLM_COMPAT_DISABLE_PATCHES", raising=False)
-    capsys.readouterr()
-    code = main(["check", "--json", f"vllm=={vllm}", f"vllm-omni=={omni}"])
-    return code, json.loads(capsys.readouterr().out)
 
 
 def _findings(data: dict, entrypoint: str, field: str = "behaviour_drift") -> list[dict]:
@@ -84,10 +73,10 @@ RETRO = {
 def test_a_handled_drift_stops_the_verdict_once_its_drift_point_is_off(capsys, monkeypatch, wheel_cache, entry_id):
     wheel_or_skip("vllm", "0.34.0")
     wheel_or_skip("vllm-omni", "0.24.0")
-    code, on = _check_json(capsys, monkeypatch, "0.34.0", "0.24.0")
+    code, on = check_json(capsys, monkeypatch, "0.34.0", "0.24.0")
     handled = [f for f in on["import_drift"]["behaviour_drift"]["findings"] if f["handled_by"] == entry_id]
     assert handled, f"{entry_id} handles nothing on vLLM 0.34.0 + vllm-omni 0.24.0"
-    code, off = _check_json(capsys, monkeypatch, "0.34.0", "0.24.0", disabled=entry_id)
+    code, off = check_json(capsys, monkeypatch, "0.34.0", "0.24.0", disabled=entry_id)
     assert code == off["exit_code"] == 1 and off["verdict"]["kind"] in ("will_not_start", "fails_on_request")
     for entrypoint, status, kind, obj, name in RETRO[entry_id]:
         assert off["import_drift"]["entrypoints"][entrypoint]["status"] == status
@@ -125,10 +114,10 @@ def test_a_handled_drift_of_a_feature_is_named_once_its_drift_point_is_off(capsy
                                                                             entry_id):
     wheel_or_skip("vllm", vllm)
     wheel_or_skip("vllm-omni", "0.24.0")
-    code_on, on = _check_json(capsys, monkeypatch, vllm, "0.24.0")
+    code_on, on = check_json(capsys, monkeypatch, vllm, "0.24.0")
     handled = [f for f in on["import_drift"]["behaviour_drift"]["findings"] if f["handled_by"] == entry_id]
     assert handled, f"{entry_id} handles nothing on vLLM {vllm} + vllm-omni 0.24.0"
-    code, off = _check_json(capsys, monkeypatch, vllm, "0.24.0", disabled=entry_id)
+    code, off = check_json(capsys, monkeypatch, vllm, "0.24.0", disabled=entry_id)
     for entrypoint, kind, obj, name in RETRO_WHEN_USED[(vllm, entry_id)]:
         found = [f for f in _findings(off, entrypoint, "fails_when_used") if f["kind"] == kind
                  and f["vllm_object"].endswith(obj) and name in f["names"]]
@@ -162,7 +151,7 @@ def test_a_handled_drift_of_every_step_leaves_the_llm_stages_out_once_its_drift_
         capsys, monkeypatch, wheel_cache, vllm, entry_id):
     wheel_or_skip("vllm", vllm)
     wheel_or_skip("vllm-omni", "0.24.0")
-    code_on, on = _check_json(capsys, monkeypatch, vllm, "0.24.0")
+    code_on, on = check_json(capsys, monkeypatch, vllm, "0.24.0")
     kind, obj, name = RETRO_STEP[(vllm, entry_id)]
 
     def found(data):
@@ -170,7 +159,7 @@ def test_a_handled_drift_of_every_step_leaves_the_llm_stages_out_once_its_drift_
                 and name in f["names"]]
 
     assert on["import_drift"]["entrypoints"]["llm_stage"]["status"] == "works_with_vllm_compat" and not found(on)
-    code, off = _check_json(capsys, monkeypatch, vllm, "0.24.0", disabled=entry_id)
+    code, off = check_json(capsys, monkeypatch, vllm, "0.24.0", disabled=entry_id)
     assert off["import_drift"]["entrypoints"]["llm_stage"]["status"] == "left_out"
     assert found(off), f"{entry_id} off: no {kind} drift of {obj} ({name}) under llm_stage"
     assert all(f["effect"] == "stops" and f["site"].startswith("vllm_omni.") for f in found(off))
@@ -184,7 +173,7 @@ def test_the_serving_keyword_drift_is_named_as_what_an_llm_stage_server_loses(ca
     on vLLM 0.25.1 before the entry existed), so the drift is a left-out feature with its condition, as the LLM
     stages are on vLLM 0.34, not a stopped server."""
     wheel_or_skip("vllm", "0.34.0")
-    code, off = _check_json(capsys, monkeypatch, "0.34.0", "0.24.0", disabled="openai_serving_render_keyword")
+    code, off = check_json(capsys, monkeypatch, "0.34.0", "0.24.0", disabled="openai_serving_render_keyword")
     serve = off["import_drift"]["entrypoints"]["serve"]
     conditional = [f for f in serve["fails_when_used"] if "openai_serving_render" in f["names"] and f["kind"] == "call"]
     assert {f["vllm_object"].rsplit(".", 2)[-2] for f in conditional} >= {"OpenAIServingChat", "OpenAIServingCompletion"}
@@ -203,7 +192,7 @@ def test_no_drift_that_stops_an_entrypoint_is_left_unhandled_on_vllm_034(capsys,
     sweep asserts the same for every cell of vLLM 0.24-0.33); what is left is named as left out or used-only."""
     wheel_or_skip("vllm", "0.34.0")
     wheel_or_skip("vllm-omni", omni)
-    code, data = _check_json(capsys, monkeypatch, "0.34.0", omni)
+    code, data = check_json(capsys, monkeypatch, "0.34.0", omni)
     for entrypoint, status in data["import_drift"]["entrypoints"].items():
         if entrypoint == "llm_stage":  # stopped by its imports already (vLLM 0.34 removed the V1 runner): its steps'
             assert status["status"] == "left_out" and status["missing"], status  # drift is more of the same

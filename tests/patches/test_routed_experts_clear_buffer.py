@@ -11,14 +11,13 @@ gets past it with the buffer zeroed. Then the decision table on small trees, and
 from __future__ import annotations
 
 import importlib
-import json
 
 import pytest
 
 from conftest import needs_omni, needs_v1_model_runner
+from tests.support.check_json import check_json
 from tests.support.trees import write_tree
 from tests.support.wheels import wheel_or_skip
-from vllm_compat.cli import main
 from vllm_compat.decide import Action
 from vllm_compat.detect.static import StaticSite
 from vllm_compat.patches import routed_experts_clear_buffer as point_module
@@ -109,22 +108,8 @@ def test_the_decision_follows_the_files(tmp_path, capturer, runner, omni, host, 
 
 # ------------------------------------------------------------------------------------------------ what check says
 
-def _check(capsys, monkeypatch, vllm, omni, disabled=""):
-    if disabled:
-        monkeypatch.setenv("VLLM_COMPAT_DISABLE_PATCHES", disabled)
-    else:
-        monkeypatch.delenv("VLLM_COMPAT_DISABLE_PATCHES", raising=False)
-    capsys.readouterr()
-    code = main(["check", "--json", f"vllm=={vllm}", f"vllm-omni=={omni}"])
-    return code, json.loads(capsys.readouterr().out)
-
-
-def _clear_buffer_findings(data, handled: bool):
-    stage = data["import_drift"]["entrypoints"]["llm_stage"]
-    return [f for f in data["import_drift"]["behaviour_drift"]["findings"]
-            if f["vllm_object"].endswith("RoutedExpertsCapturer.clear_buffer") and bool(f["handled_by"]) == handled
-            ] if handled else [f for f in stage["fails_when_used"]
-                               if f["vllm_object"].endswith("RoutedExpertsCapturer.clear_buffer")]
+def _of_clear_buffer(findings) -> list[dict]:
+    return [f for f in findings if f["vllm_object"].endswith("RoutedExpertsCapturer.clear_buffer")]
 
 
 def test_check_names_the_feature_in_words_and_the_call_once_the_entry_is_off(capsys, monkeypatch):
@@ -133,12 +118,12 @@ def test_check_names_the_feature_in_words_and_the_call_once_the_entry_is_off(cap
     ...)"; with the entry off, the scan's finding is back under the LLM / AR stages, unhandled."""
     wheel_or_skip("vllm", "0.30.0")
     wheel_or_skip("vllm-omni", "0.24.0")
-    code, on = _check(capsys, monkeypatch, "0.30.0", "0.24.0")
+    code, on = check_json(capsys, monkeypatch, "0.30.0", "0.24.0")
     assert code == 0 and "routed-experts capture" in on["verdict"]["text"]
-    assert {f["handled_by"] for f in _clear_buffer_findings(on, handled=True)} == {POINT.id}
+    assert {f["handled_by"] for f in _of_clear_buffer(on["import_drift"]["behaviour_drift"]["findings"])} == {POINT.id}
     assert on["import_drift"]["entrypoints"]["llm_stage"]["left_out"][POINT.id] == point_module.LEAVES_OUT
-    code_off, off = _check(capsys, monkeypatch, "0.30.0", "0.24.0", disabled=POINT.id)
-    found = _clear_buffer_findings(off, handled=False)
+    code_off, off = check_json(capsys, monkeypatch, "0.30.0", "0.24.0", disabled=POINT.id)
+    found = _of_clear_buffer(off["import_drift"]["entrypoints"]["llm_stage"]["fails_when_used"])
     assert {f["site"].rsplit(":", 1)[0] for f in found} == {m for m, _ in RUNNERS}
     assert all(f["effect"] == "stops_when" and "routed_experts_initialized" in f["when"] for f in found)
     assert code_off == code and "routed-experts capture" not in off["verdict"]["text"]
@@ -149,6 +134,6 @@ def test_the_native_pair_that_shares_the_bug_says_so(capsys, monkeypatch):
     a bug native to the pair by design, and this entry still names the feature."""
     wheel_or_skip("vllm", "0.30.0")
     wheel_or_skip("vllm-omni", "0.30.0")
-    code, data = _check(capsys, monkeypatch, "0.30.0", "0.30.0")
+    code, data = check_json(capsys, monkeypatch, "0.30.0", "0.30.0")
     assert code == 0 and data["verdict"]["kind"] == "works_natively"
     assert "routed-experts capture" in data["verdict"]["text"]
