@@ -52,7 +52,7 @@ from .behaviour_findings import KINDS, BehaviourDrift, Finding  # noqa: F401 - t
 from .code_model import CodeModel, Definition, bound_params, dotted, signature, statements
 from .import_graph import plugin_graph
 from .model import render_params, why_call_fails, why_open_call_fails, why_override_narrows
-from .source_tree import SourceTree
+from .source_tree import SourceTree, children, walk
 
 _SKIPPED_OVERRIDES = frozenset({"__init__", "__new__", "__post_init__", "__init_subclass__", "__class_getitem__"})
 
@@ -61,26 +61,34 @@ _SKIPPED_OVERRIDES = frozenset({"__init__", "__new__", "__post_init__", "__init_
 
 
 def _walk(body, cls=None, func=None, cond=""):
-    """``(node, enclosing top-level class, enclosing function (the def), condition)`` for every node under ``body``;
-    ``condition`` is the test of the innermost ``if`` (statement or expression) or ``except`` of the enclosing
-    function that the node runs under ("" where it runs whenever the function does)."""
-    for node in body:
+    """``(node, enclosing top-level class, enclosing function (the def), condition)`` for every node under ``body``,
+    depth first; ``condition`` is the test of the innermost ``if`` (statement or expression) or ``except`` of the
+    enclosing function that the node runs under ("" where it runs whenever the function does). A stack, not
+    recursion: a cold check walks ~450,000 nodes of vllm-omni this way."""
+    stack = [(iter(body), cls, func, cond)]
+    while stack:
+        nodes, cls, func, cond = stack[-1]
+        node = next(nodes, None)
+        if node is None:
+            stack.pop()
+            continue
         yield node, cls, func, cond
+        # each node's groups of children pushed last first: they are walked in the order written
         if isinstance(node, ast.ClassDef):
-            yield from _walk(node.body, node if cls is None and func is None else cls, func, "")
+            stack.append((iter(node.body), node if cls is None and func is None else cls, func, ""))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield from _walk(node.body, cls, node if func is None else func, "" if func is None else cond)
-            yield from _walk(node.decorator_list + [a for a in node.args.defaults], cls, func, cond)
+            stack.append((iter(node.decorator_list + node.args.defaults), cls, func, cond))
+            stack.append((iter(node.body), cls, node if func is None else func, "" if func is None else cond))
         elif isinstance(node, (ast.If, ast.IfExp)) and func is not None:
             test = _short(ast.unparse(node.test))
-            yield from _walk([node.test], cls, func, cond)
-            yield from _walk(node.body if isinstance(node.body, list) else [node.body], cls, func, test)
-            yield from _walk(node.orelse if isinstance(node.orelse, list) else [node.orelse], cls, func,
-                             f"not ({test})")
+            stack.append((iter(node.orelse if isinstance(node.orelse, list) else [node.orelse]), cls, func,
+                          f"not ({test})"))
+            stack.append((iter(node.body if isinstance(node.body, list) else [node.body]), cls, func, test))
+            stack.append((iter([node.test]), cls, func, cond))
         elif isinstance(node, ast.ExceptHandler) and func is not None:
-            yield from _walk(node.body, cls, func, "an exception is handled")
+            stack.append((iter(node.body), cls, func, "an exception is handled"))
         else:
-            yield from _walk(list(ast.iter_child_nodes(node)), cls, func, cond)
+            stack.append((iter(children(node)), cls, func, cond))
 
 
 def _module_classes(body):
@@ -236,7 +244,7 @@ class _Scan:
         if key not in self.memo:
             picked: dict[str, list] = {}
             assigned: dict[str, int] = {}
-            for node in ast.walk(func):
+            for node in walk(func):
                 if not isinstance(node, ast.Assign):
                     continue
                 for target in node.targets:
@@ -512,7 +520,7 @@ class _Scan:
             if not complete:
                 self.undecidable += 1
                 continue
-            for read in ast.walk(target.node):
+            for read in walk(target.node):
                 if isinstance(read, ast.Attribute) and isinstance(read.ctx, ast.Load) \
                         and isinstance(read.value, ast.Name) and read.value.id == param \
                         and read.attr in theirs and read.attr not in has \
@@ -571,8 +579,8 @@ class _Scan:
     # ------------------------------------------------------------------------------------------ classes
 
     def _class(self, cls: Definition, is_leaf: bool) -> None:
-        walk = self.model.mro(cls)
-        if not any(isinstance(c, Definition) and c.side == "host" for c in walk):
+        mro = self.model.mro(cls)
+        if not any(isinstance(c, Definition) and c.side == "host" for c in mro):
             return
         self.checked += 1
         if is_leaf:
@@ -600,7 +608,7 @@ class _Scan:
                           f"{cls.name}.{name} {why}, which vLLM's base declares"
                           + (f" and {via} passes" if via else ""), (param,), via)
             self._stand_in(cls, base, method)
-        self._unset(cls, walk)
+        self._unset(cls, mro)
 
     def _cached(self, function, node):
         key = (function.__name__, id(node))
@@ -608,7 +616,7 @@ class _Scan:
             self.memo[key] = function(node)
         return self.memo[key]
 
-    def _unset(self, cls: Definition, walk) -> None:
+    def _unset(self, cls: Definition, mro) -> None:
         """Attributes read from ``self`` of a vllm-omni class deriving a vLLM class that its instances never get:
 
         * read by vllm-omni's own methods (its class's or a vllm-omni base's) where no class on the walk assigns,
@@ -620,11 +628,11 @@ class _Scan:
         A read under ``hasattr(self, name)`` / ``getattr(self, name, default)`` in the same function is not one; a
         walk the files cannot read whole, or a class that sets attributes by name (``setattr(self, ...)``,
         ``self.__dict__``, ``__getattr__``), is left alone."""
-        classes = [c for c in walk if isinstance(c, Definition)]
-        if any(not isinstance(c, Definition) and c not in _TRIVIAL for c in walk) or any(
+        classes = [c for c in mro if isinstance(c, Definition)]
+        if any(not isinstance(c, Definition) and c not in _TRIVIAL for c in mro) or any(
                 self._cached(_sets_by_name, c.node) for c in classes):
             return
-        skipped = _skipped_inits(self.model, cls, walk)
+        skipped = _skipped_inits(self.model, cls, mro)
         has: set[str] = set()
         init_only: dict[str, Definition] = {}  # attribute -> the skipped __init__'s class that alone assigns it
         for c in classes:
@@ -642,7 +650,7 @@ class _Scan:
         extended = {name for c in classes if c.side == "plugin" for name, m in self.model.methods(c).items()
                     if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
                            and isinstance(n.func.value, ast.Call) and dotted(n.func.value.func) == "super"
-                           for n in ast.walk(m))}
+                           for n in walk(m))}
         seen: set[str] = set()
         for c in classes:
             for name in self.model.methods(c):
@@ -696,7 +704,7 @@ class _Scan:
     def _caller_of(self, method: str, keyword: str) -> str | None:
         """The first vLLM module the plugin imports that calls ``.method(..., keyword=...)``."""
         for module, parsed in self._host_sources(f"{keyword}="):
-            for node in ast.walk(parsed):
+            for node in walk(parsed):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                         and node.func.attr == method and any(k.arg == keyword for k in node.keywords):
                     return module
@@ -726,7 +734,7 @@ class _Scan:
             cls_node = next((n for n in parsed.body if isinstance(n, ast.ClassDef) and n.name == owner), None)
             for item in (cls_node.body if cls_node is not None and subclasses else ()):
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    for node in ast.walk(item):
+                    for node in walk(item):
                         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                                 and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
                             callers.setdefault(node.func.attr, set()).add(item.name)
@@ -746,11 +754,11 @@ class _Scan:
     def _classes_in(self, module: str, annotation, side: str) -> list[Definition]:
         """The classes of ``side`` an annotation names (string forward references read too)."""
         found = []
-        nodes = list(ast.walk(annotation))
+        nodes = list(walk(annotation))
         for node in list(nodes):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 try:
-                    nodes += list(ast.walk(ast.parse(node.value, mode="eval")))
+                    nodes += list(walk(ast.parse(node.value, mode="eval")))
                 except SyntaxError:
                     continue
         for node in nodes:
@@ -802,9 +810,9 @@ def _sets_by_name(cls_node) -> bool:
     ``vars(self)``, ``__slots__``-free tricks the files cannot follow. A ``setattr(self, name, ...)`` whose name is a
     literal, or checked against a literal set of names first (``if name not in {"a", "b"}: raise``: vLLM's
     ``GPUModelRunner.update_config``), sets nothing unknown."""
-    for function in [n for n in ast.walk(cls_node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+    for function in [n for n in walk(cls_node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
         allowed = _allowlisted_names(function)
-        for node in ast.walk(function):
+        for node in walk(function):
             if isinstance(node, ast.Call) and dotted(node.func) in ("setattr", "vars", "object.__setattr__") and \
                     node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self":
                 name = node.args[1] if len(node.args) > 1 else None
@@ -819,10 +827,10 @@ def _sets_by_name(cls_node) -> bool:
 def _allowlisted_names(function) -> set[str]:
     """The variables ``function`` refuses unless in a literal set of names: ``if x not in <a literal, or a name
     bound to one>:`` whose body ends in raise, return or continue."""
-    literals = {t.id for n in ast.walk(function) if isinstance(n, ast.Assign) and _literal_names(n.value)
+    literals = {t.id for n in walk(function) if isinstance(n, ast.Assign) and _literal_names(n.value)
                 for t in n.targets if isinstance(t, ast.Name)}
     found = set()
-    for node in ast.walk(function):
+    for node in walk(function):
         test = node.test if isinstance(node, ast.If) else None
         if isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and len(test.ops) == 1 \
                 and isinstance(test.ops[0], ast.NotIn) and node.body \
@@ -838,17 +846,17 @@ def _literal_names(node) -> bool:
         isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
 
 
-def _skipped_inits(model: CodeModel, cls: Definition, walk) -> set[str]:
+def _skipped_inits(model: CodeModel, cls: Definition, mro) -> set[str]:
     """The classes on ``cls``'s walk whose ``__init__`` never runs for an instance of it: those after a vllm-omni
     ``__init__`` that calls neither ``super().__init__`` nor a base's ``X.__init__(self, ...)`` (all of them), or
     between it and the base whose ``__init__`` it calls by name. vLLM's own ``__init__`` methods are taken to chain as
     written in vLLM; an ``__init__`` calling several, or one the files cannot follow, skips nothing known."""
-    with_init = [c for c in walk if isinstance(c, Definition) and "__init__" in model.methods(c)]
+    with_init = [c for c in mro if isinstance(c, Definition) and "__init__" in model.methods(c)]
     skipped: set[str] = set()
     index = 0
     while index < len(with_init) and with_init[index].side == "plugin":
         current = with_init[index]
-        calls = [node for node in ast.walk(model.methods(current)["__init__"]) if isinstance(node, ast.Call)
+        calls = [node for node in walk(model.methods(current)["__init__"]) if isinstance(node, ast.Call)
                  and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"]
         if not calls:
             return skipped | {c.path for c in with_init[index + 1:]}
@@ -878,7 +886,7 @@ def _assigned_outside_init(cls_node) -> set[str]:
             names.add(node.name)
             if node.name == "__init__":
                 continue
-            for inner in ast.walk(node):
+            for inner in walk(node):
                 if isinstance(inner, ast.Attribute) and isinstance(inner.ctx, ast.Store) \
                         and isinstance(inner.value, ast.Name) and inner.value.id == "self":
                     names.add(inner.attr)
@@ -893,13 +901,13 @@ def _self_reads(method) -> list[tuple[str, int]]:
     """``(attribute, line)`` of each ``self.<attribute>`` a method reads or deletes, first read each, except those
     it also asks ``hasattr(self, ...)`` / ``getattr(self, ..., default)`` about."""
     asked = set()
-    for node in ast.walk(method):
+    for node in walk(method):
         if isinstance(node, ast.Call) and dotted(node.func) in ("hasattr", "getattr") and len(node.args) >= 2 \
                 and isinstance(node.args[0], ast.Name) and node.args[0].id == "self" \
                 and isinstance(node.args[1], ast.Constant):
             asked.add(node.args[1].value)
     found: dict[str, int] = {}
-    for node in ast.walk(method):
+    for node in walk(method):
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Load, ast.Del)) \
                 and isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr not in asked:
             found.setdefault(node.attr, node.lineno)
@@ -973,7 +981,7 @@ def _reads_of(parsed: ast.Module, class_name: str):
     for owner, func in functions:
         typed = {a.arg for a in (*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs)
                  if a.annotation is not None and word.search(ast.unparse(a.annotation))}
-        for node in ast.walk(func):
+        for node in walk(func):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
                     and word.search(ast.unparse(node.annotation)):
                 typed.add(node.target.id)
@@ -982,13 +990,13 @@ def _reads_of(parsed: ast.Module, class_name: str):
         changed = True
         while changed:  # elements of typed values are typed
             changed = False
-            for node in ast.walk(func):
+            for node in walk(func):
                 if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and _root_name(node.iter) in typed:
-                    for name in ast.walk(node.target):
+                    for name in walk(node.target):
                         if isinstance(name, ast.Name) and name.id not in typed:
                             typed.add(name.id)
                             changed = True
-        for node in ast.walk(func):
+        for node in walk(func):
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
                 value = node.value.value if isinstance(node.value, ast.Subscript) else node.value
                 if isinstance(value, ast.Name) and value.id in typed:

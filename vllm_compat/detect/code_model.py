@@ -264,8 +264,8 @@ class CodeModel:
         return Definition("host", candidates[0], name, node) if node is not None else None
 
     def texts(self, side: str):
-        """``(relative path, text)`` of every ``.py`` file of a side's package, read as they are asked for (reading all
-        of vLLM's takes ~0.5 s; keeping them would cost ~40 MB for the whole scan)."""
+        """``(relative path, text)`` of every ``.py`` file of a side's package, read as they are asked for (the tree
+        keeps what it read)."""
         tree = self.trees[side]
         for relpath in tree.walk_py(self.packages[side]):
             yield relpath, tree.read(relpath) or ""
