@@ -23,6 +23,7 @@ from vllm_compat.cli import build_parser, main
 from vllm_compat.detect import wheels
 from vllm_compat.detect.static import SiteFacts
 from vllm_compat.detect.wheels import WheelError
+from vllm_compat.errors import ConfigError
 from vllm_compat.reporting import MIN_WIDTH, NOTHING_TO_JUDGE_EXIT, Report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -264,6 +265,27 @@ def test_verbose_is_what_shows_the_tools_output(monkeypatch, capsys, command):
     main([*command, "--verbose"])
     main(command)
     assert seen[-2:] == [True, False]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_command_runs_with_the_cyclic_collector_off_and_leaves_it_as_it_was(monkeypatch, enabled):
+    """The command's own trees are not traversed again and again (cli._collector_paused); the caller's setting
+    comes back, whatever the command returned or raised."""
+    import gc
+
+    seen = []
+
+    def handler(args):
+        seen.append(gc.isenabled())
+        raise ConfigError("bad input")
+
+    monkeypatch.setattr("vllm_compat.check.run_check", handler)
+    (gc.enable if enabled else gc.disable)()
+    try:
+        assert main(["check", "vllm==0.34.0"]) == 2
+        assert seen == [False] and gc.isenabled() is enabled
+    finally:
+        gc.enable()
 
 
 # ------------------------------------------------------------------------------------------ nothing to judge
