@@ -200,8 +200,8 @@ def make_plan(spec: str | None, vllm_versions: list[str] | None = None, upto: st
     """The plan for ``spec`` (see ``_omni_input``) over ``vllm_versions`` (None: the index's, ``select_releases``
     from vllm-omni's own minor to ``upto``). ``progress(row, index, count, seconds)`` is called after each vLLM's
     static check (its row without the resolution). ``resolve`` (None: as check decides, ``check.resolve_enabled``):
-    each pair is then resolved as check resolves it, ``RESOLVE_WORKERS`` at a time, so each row's overrides are
-    what ``check --overrides`` writes for the pair. Raises ``WheelError`` for a usage error or an index that
+    each pair is resolved as check resolves it, ``RESOLVE_WORKERS`` at a time while the next are checked, so each
+    row's overrides are what ``check --overrides`` writes for the pair. Raises ``WheelError`` for a usage error or an index that
     cannot be asked; a vLLM that cannot be had is a row with ``error``."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -218,16 +218,20 @@ def make_plan(spec: str | None, vllm_versions: list[str] | None = None, upto: st
                                   "pass vllm-omni==X or list the vLLM releases with --vllm A,B.")
     if vllm_versions is None:
         vllm_versions = select_releases(release_versions("vllm"), own, upto)
-    results = []
-    for index, version in enumerate(vllm_versions, 1):
-        started = time.perf_counter()
-        results.append(_check(version, omni))
-        if progress is not None:
-            progress(row_of(version, results[-1]), index, len(vllm_versions), time.perf_counter() - started)
-    if resolve if resolve is not None else resolve_enabled():
-        checked = [r for r in results if not isinstance(r, WheelError)]
-        with ThreadPoolExecutor(max_workers=max(1, min(RESOLVE_WORKERS, len(checked)))) as pool:
-            list(pool.map(resolve_install, checked))
+    resolving = resolve if resolve is not None else resolve_enabled()
+    results, resolutions = [], []
+    # each pair is resolved while the next ones are checked: uv and the listings wait on the index, the scans on
+    # the CPU (a cold plan of eleven releases: 91 s, resolving after the checks)
+    with ThreadPoolExecutor(max_workers=RESOLVE_WORKERS) as pool:
+        for index, version in enumerate(vllm_versions, 1):
+            started = time.perf_counter()
+            results.append(_check(version, omni))
+            if progress is not None:  # the row before its resolution starts: nothing changes it while it is read
+                progress(row_of(version, results[-1]), index, len(vllm_versions), time.perf_counter() - started)
+            if resolving and not isinstance(results[-1], WheelError):
+                resolutions.append(pool.submit(resolve_install, results[-1]))
+        for resolution in resolutions:
+            resolution.result()  # its error, as the checks' loop would have raised it
     return Plan(omni, own, [row_of(version, result) for version, result in zip(vllm_versions, results, strict=True)])
 
 

@@ -1,5 +1,5 @@
 """The walks the scans share, against the standard library's and a recursive definition, on real modules (the
-standard library's and this package's own), and a tree's texts read once."""
+standard library's and this package's own), and a pair's texts read once."""
 
 import ast
 import asyncio
@@ -12,6 +12,7 @@ import pytest
 
 import vllm_compat
 from vllm_compat.detect import behaviour_drift
+from vllm_compat.detect.code_model import CodeModel
 from vllm_compat.detect.source_tree import SourceTree, children, walk
 
 MODULES = [Path(inspect.getfile(m)) for m in (ast, asyncio.base_events, dataclasses, typing)] + sorted(
@@ -70,11 +71,15 @@ def test_the_scans_walk_gives_each_node_its_class_function_and_condition_in_orde
     assert conditions == {"h()": "", "g(y)": "y", "k()": "not (y)", "m(1 if y else 2)": "an exception is handled"}
 
 
-def test_a_tree_reads_each_file_once(tmp_path):
-    (tmp_path / "m.py").write_text("x = 1\n")
+def test_a_code_model_reads_each_file_once(tmp_path):
+    """The scan's many passes over vLLM's texts read each file once per pair; a new pair reads them anew (the
+    texts are the model's, not the tree's: a plan's rows do not keep each other's)."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "m.py").write_text("x = 1\n")
     tree = SourceTree(tmp_path)
-    assert tree.read("m.py") == "x = 1\n"
-    (tmp_path / "m.py").write_text("x = 2\n")
-    assert tree.read("m.py") == "x = 1\n"  # kept: one run reads one state of the files
-    assert tree.read("missing.py") is None
-    assert SourceTree(tmp_path).read("m.py") == "x = 2\n"
+    model = CodeModel(SourceTree(tmp_path / "nowhere"), tree)
+    assert model.read("host", "vllm/m.py") == "x = 1\n"
+    (tmp_path / "vllm" / "m.py").write_text("x = 2\n")
+    assert model.read("host", "vllm/m.py") == "x = 1\n" and list(model.texts("host")) == [("vllm/m.py", "x = 1\n")]
+    assert model.read("host", "vllm/missing.py") is None
+    assert CodeModel(SourceTree(tmp_path / "nowhere"), tree).read("host", "vllm/m.py") == "x = 2\n"

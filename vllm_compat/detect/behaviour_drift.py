@@ -692,10 +692,9 @@ class _Scan:
 
     def _host_sources(self, needle: str):
         """``(host module, parsed)`` of the vLLM modules the plugin imports whose text holds ``needle``."""
-        tree = self.model.trees["host"]
         for module in sorted(self.host_modules):
             relpath = self.model.module_file(module)
-            text = tree.read(relpath) if relpath else None
+            text = self.model.read("host", relpath) if relpath else None
             if text and needle in text:
                 parsed = self.model.module_ast(module)
                 if parsed is not None:
@@ -739,17 +738,18 @@ class _Scan:
                                 and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
                             callers.setdefault(node.func.attr, set()).add(item.name)
             self.owners[key] = (subclasses, callers, {})
+        return bool(self.owners[key][0]) and self._never_runs(key, method, frozenset())
+
+    def _never_runs(self, key: tuple, name: str, seen: frozenset) -> bool:
+        """``_skipped_by_plugin`` for method ``name`` of ``key``'s class, asked through the methods calling it."""
         subclasses, callers, known = self.owners[key]
-
-        def skipped(name: str, seen: frozenset) -> bool:
-            if name not in known:
-                overridden = any((found := self.model.member(c, name)) is not None and found.side == "plugin"
-                                 for c in subclasses)
-                calling = callers.get(name, set()) - seen
-                known[name] = overridden or (bool(calling) and all(skipped(c, seen | {name}) for c in calling))
-            return known[name]
-
-        return bool(subclasses) and skipped(method, frozenset())
+        if name not in known:
+            overridden = any((found := self.model.member(c, name)) is not None and found.side == "plugin"
+                             for c in subclasses)
+            calling = callers.get(name, set()) - seen
+            known[name] = overridden or (bool(calling) and all(self._never_runs(key, c, seen | {name})
+                                                               for c in calling))
+        return known[name]
 
     def _classes_in(self, module: str, annotation, side: str) -> list[Definition]:
         """The classes of ``side`` an annotation names (string forward references read too)."""
@@ -758,7 +758,7 @@ class _Scan:
         for node in list(nodes):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 try:
-                    nodes += list(walk(ast.parse(node.value, mode="eval")))
+                    nodes += list(ast.walk(ast.parse(node.value, mode="eval")))  # a passing tree: nothing kept on it
                 except SyntaxError:
                     continue
         for node in nodes:

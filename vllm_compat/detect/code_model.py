@@ -146,6 +146,10 @@ class CodeModel:
     def __init__(self, plugin_tree: SourceTree, host_tree: SourceTree, plugin: str = "vllm_omni", host: str = "vllm"):
         self.trees = {"plugin": plugin_tree, "host": host_tree}
         self.packages = {"plugin": plugin, "host": host}
+        # each file's text, read once for this pair: the scan reads every file of vLLM's several times (a regex
+        # over each), and unzipping them again cost ~1.5 s of a cold check (vLLM 0.34: ~10 MB); kept here, not
+        # on the tree, so a plan's rows do not keep each vLLM's texts to its end
+        self._texts: dict[tuple[str, str], str | None] = {}
         self._bindings: dict[tuple[str, str], dict] = {}
         self._mro: dict[str, tuple] = {}
         self._held: dict[tuple[str, str], Definition | None] = {}  # attribute_class's answers
@@ -263,12 +267,17 @@ class CodeModel:
                      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name), None)
         return Definition("host", candidates[0], name, node) if node is not None else None
 
+    def read(self, side: str, relpath: str) -> str | None:
+        """The text of a side's file, read once for this model."""
+        key = (side, relpath)
+        if key not in self._texts:
+            self._texts[key] = self.trees[side].read(relpath)
+        return self._texts[key]
+
     def texts(self, side: str):
-        """``(relative path, text)`` of every ``.py`` file of a side's package, read as they are asked for (the tree
-        keeps what it read)."""
-        tree = self.trees[side]
-        for relpath in tree.walk_py(self.packages[side]):
-            yield relpath, tree.read(relpath) or ""
+        """``(relative path, text)`` of every ``.py`` file of a side's package, read as they are asked for."""
+        for relpath in self.trees[side].walk_py(self.packages[side]):
+            yield relpath, self.read(side, relpath) or ""
 
     def origin(self, module: str, expr: str, _depth: int = 0) -> Definition | str | None:
         """``resolve_expr``, except that a name either package imports from a third one (``dataclasses``,
@@ -328,19 +337,16 @@ class CodeModel:
         if cls.path in self._mro:
             return self._mro[cls.path]
         self._mro[cls.path] = (cls,)  # a cycle (a name rebound to a subclass) ends here
-        order, seen = [], set()
-
-        def walk(current):
+        order, seen, todo = [], set(), [cls]
+        while todo:  # a stack, not a recursive closure: that would hold this model in a reference cycle
+            current = todo.pop()
             key = current.path if isinstance(current, Definition) else current
             if key in seen:
-                return
+                continue
             seen.add(key)
             order.append(current)
             if isinstance(current, Definition):
-                for base in self.bases(current):
-                    walk(base)
-
-        walk(cls)
+                todo.extend(reversed(self.bases(current)))
         self._mro[cls.path] = tuple(order)
         return self._mro[cls.path]
 

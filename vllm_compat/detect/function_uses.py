@@ -67,7 +67,7 @@ class _Reader:
 
         if module not in self._version_tests:
             self._version_tests[module] = _version_test(
-                self.model.trees["plugin"].read(self.model.module_file(module)) or "")
+                self.model.read("plugin", self.model.module_file(module)) or "")
         return self._version_tests[module]
 
     def type_checking_imports(self, module: str) -> dict[str, Definition | None]:

@@ -21,9 +21,6 @@ class SourceTree:
     def __init__(self, root: Path):
         self.root = Path(root)
         self._zip = None
-        # Each file's text, read once: a scan reads many files several times (a regex over every file of vLLM,
-        # then the modules it parses), and unzipping them again cost ~1.5 s of a cold check (vLLM 0.34: ~10 MB).
-        self._texts: dict[str, str | None] = {}
         if self.root.is_file():
             import zipfile  # wheels only (check, scan): doctor's installed trees are directories
 
@@ -34,11 +31,6 @@ class SourceTree:
         return self._zip is not None
 
     def read(self, relpath: str) -> str | None:
-        if relpath not in self._texts:
-            self._texts[relpath] = self._read(relpath)
-        return self._texts[relpath]
-
-    def _read(self, relpath: str) -> str | None:
         try:
             if self._zip is not None:
                 return self._zip.read(relpath).decode("utf-8")

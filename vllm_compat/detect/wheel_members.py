@@ -329,9 +329,9 @@ class WheelMembers(SourceTree):
     def walk_py(self, package: str) -> list[str]:
         return sorted(n for n in self.namelist() if n.startswith(f"{package}/") and n.endswith(".py"))
 
-    def _read(self, relpath: str) -> str | None:
+    def read(self, relpath: str) -> str | None:
         if relpath in self._stored and relpath != LISTING:
-            return super()._read(relpath)
+            return super().read(relpath)
         if self._rows is None:
             self._rows = {row[0]: row for row in self.listing["members"]}
         row = self._rows.get(relpath)
