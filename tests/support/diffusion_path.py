@@ -302,7 +302,11 @@ def model_records(workdir: Path) -> dict:
 
 def cpu_signature() -> dict:
     """What a forward's low bits depend on besides the code and the wheels: the CPU kernels torch and its BLAS pick
-    for this processor, and the thread count. Parameters do not depend on it (the quantization is elementwise)."""
+    for this processor, and the thread count. Parameters do not depend on it (the quantization is elementwise).
+    ``model``: the processor's family / model / stepping, which tells apart generations a virtual machine names
+    alike ("Intel(R) Xeon(R) Processor": an Emerald Rapids, model 207, gave the complete checkpoint's output
+    another low bit than the Xeon vllm-omni 0.24.0's record was made on, 2026-12-07); a record made without it
+    compares as another CPU's."""
     import platform
 
     import torch
@@ -311,10 +315,14 @@ def cpu_signature() -> dict:
         cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         cpuinfo = []
-    processor = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
-                     platform.processor())
-    return {"capability": torch.backends.cpu.get_cpu_capability(), "processor": processor,
-            "threads": torch.get_num_threads()}
+
+    def first(field: str) -> str | None:
+        return next((line.split(":", 1)[1].strip() for line in cpuinfo
+                     if line.split(":", 1)[0].strip() == field), None)
+
+    model = "/".join(str(first(f)) for f in ("cpu family", "model", "stepping"))
+    return {"capability": torch.backends.cpu.get_cpu_capability(), "processor": first("model name")
+            or platform.processor(), "model": model, "threads": torch.get_num_threads()}
 
 
 # ------------------------------------------------------------------------------------------------ record
