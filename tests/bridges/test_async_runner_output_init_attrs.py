@@ -1,4 +1,4 @@
-"""``async_runner_output_init_attrs``: vLLM 0.30-0.33's ``AsyncGPUModelRunnerOutput.get_output`` reads state its
+"""``async_runner_output_init_attrs``: vLLM 0.25-0.33's ``AsyncGPUModelRunnerOutput.get_output`` reads state its
 ``__init__`` sets, which vllm-omni 0.24.0's ``OmniAsyncGPUModelRunnerOutput`` (never running that ``__init__``) lacks.
 
 - The facts per installed pair, read from the wheels; the decision table; the reading of ``__init__`` on small sources.
@@ -30,9 +30,9 @@ POINT = bridge.DRIFT_POINT
 STATIC = POINT.detect_static(StaticSite.installed())
 S = bridge.Shape
 F = bridge.InitAttrsFacts
-NAN_STATE = ("_has_fault", "_num_nans", "_num_nans_cpu")  # what vLLM 0.30 added (read from the 0.30 / 0.33 wheels)
+NAN_STATE = ("_has_fault", "_num_nans", "_num_nans_cpu")  # vLLM 0.28-0.33's (0.25's EP fault, 0.28's NaN count)
 
-lacks = pytest.mark.skipif(STATIC.shape != S.LACKS, reason=f"needs vLLM 0.30-0.33 under vllm-omni 0.24.0 (vLLM's "
+lacks = pytest.mark.skipif(STATIC.shape != S.LACKS, reason=f"needs vLLM 0.25-0.33 under vllm-omni 0.24.0 (vLLM's "
                            f"__init__ sets what vllm-omni's subclass lacks); here {STATIC}")
 fits = pytest.mark.skipif(STATIC.shape != S.FITS, reason=f"needs the native pair (vLLM 0.24 under vllm-omni 0.24.0); "
                           f"here {STATIC}")
@@ -88,7 +88,7 @@ def test_what_vllm_omnis_subclass_takes_and_whether_it_runs_the_base_init():
 @pytest.mark.skipif(VLLM_VERSION is None, reason="needs vLLM")
 @measured_omni
 def test_facts_are_what_the_wheels_say():
-    """vLLM 0.24's __init__ sets nothing vllm-omni 0.24.0's subclass lacks; 0.27.1 adds the EP-fault state its
+    """vLLM 0.24's __init__ sets nothing vllm-omni 0.24.0's subclass lacks; 0.25-0.27 add the EP-fault state its
     get_output reads, 0.28-0.33 the NaN state too, each None for vllm-omni's arguments; 0.34 has no V1 model runner
     (read from the wheels)."""
     from packaging.version import Version
@@ -98,7 +98,7 @@ def test_facts_are_what_the_wheels_say():
         assert STATIC == F(S.NO_V1_RUNNER)
     elif version >= Version("0.28"):
         assert STATIC == F(S.LACKS, tuple((name, None) for name in NAN_STATE))
-    elif version >= Version("0.27.1"):
+    elif version >= Version("0.25"):
         assert STATIC == F(S.LACKS, (("_has_fault", None),))
     else:
         assert STATIC.shape in (S.FITS, S.NO_SUBCLASS)
@@ -189,7 +189,7 @@ def test_unpatched_get_output_fails_with_the_real_attribute_error():
     assert out["vllm"] == [[[7], []], None, None], out  # vLLM's own object: the invalid request's token cleared
     from packaging.version import Version
 
-    # the first attribute vLLM's get_output reads: the NaN count's from 0.28 on, 0.27.1's only one before (wheels)
+    # the first attribute vLLM's get_output reads: the NaN count's from 0.28 on, the EP fault's (0.25-0.27) before (wheels)
     first = "_num_nans_cpu" if Version(VLLM_VERSION) >= Version("0.28") else "_has_fault"
     assert _no_attribute(out["omni"], first) and _no_attribute(out["omni_test"], first), out
     assert out["decision"] == ["disabled"]

@@ -8,18 +8,19 @@ The oracle is vLLM's own ``Scheduler`` on the same vLLM, beside vllm-omni's own 
 ``test_structured_output_should_advance``), each request driven as ``EngineCore.step`` does (``schedule``,
 ``get_grammar_bitmask``, ``update_from_output``) with the model's sampled tokens given. A step of several tokens is
 what speculative decoding hands the scheduler (accepted drafts and the bonus token); the manager is told of
-speculative decoding where the case says so (vLLM 0.26 answers True at the end of reasoning only there, for a
+speculative decoding where the case says so (vLLM 0.25-0.26 answer True at the end of reasoning only there, for a
 structural tag). Unpatched on vLLM 0.27.1 / 0.29.0 vllm-omni's scheduler feeds the grammar the ``</think>`` and
-terminates every request ("grammar rejected tokens", finish reason ``error``), on vLLM 0.26.0 + vllm-omni 0.26.0 the
-speculative structural-tag one; patched it gives what vLLM's ``Scheduler`` gives, step by step. On the native pair
+terminates every request ("grammar rejected tokens", finish reason ``error``), on vLLM 0.25.1 + vllm-omni 0.24.0 and
+0.26.0 + vllm-omni 0.26.0 the speculative structural-tag one; patched it gives what vLLM's ``Scheduler`` gives, step by step. On the native pair
 (vLLM 0.24.0) the two schedulers agree with no adapter.
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import inspect
 import json
+from pathlib import Path
 
 import pytest
 from packaging.version import Version
@@ -51,8 +52,9 @@ CASES = {
     "generation_end_first": ("generation", GRAMMAR, False, [["</think>"]]),
 }
 # the cases in which vLLM's should_advance answers True where reasoning ends, from the vLLM that began to (read from
-# the wheels: 0.26.0's only under speculative decoding with a structural tag, 0.27.1's always)
-TRUE_AT_THE_END_FROM = {"end_alone": "0.27", "end_inside_a_step": "0.27", "speculative_structural_tag": "0.26"}
+# the wheels and measured here: 0.25.1's and 0.26.0's only under speculative decoding with a structural tag, 0.27.1's
+# always)
+TRUE_AT_THE_END_FROM = {"end_alone": "0.27", "end_inside_a_step": "0.27", "speculative_structural_tag": "0.25"}
 
 
 # ---- the worker: run in a fresh interpreter of the env (its source is sent there, see _observe) ----
@@ -180,10 +182,13 @@ def test_the_view_leaves_bare_requests_and_managers_alone():
 
 @needs_omni
 def test_facts_are_what_the_wheels_say_and_agree_at_run_time():
-    """vLLM 0.24.0 has should_advance without the trim, 0.26.0-0.29.0 both, 0.30.0+ neither (read from the wheels);
-    vllm-omni 0.24.0's and 0.26.0's AR and generation schedulers ask it and never trim."""
-    vllm = Version(VLLM_VERSION)
-    assert STATIC.host == (K.NO_TRIM if vllm < Version("0.26") else K.TRIMS if vllm < Version("0.30") else K.NO_ASK)
+    """vLLM 0.24.0 has should_advance without the trim, 0.25.0-0.29.0 both, 0.30.0+ neither (read from the
+    wheels; here from the installed manager's text, not with the bridge's ast reading); vllm-omni 0.24.0's and 0.26.0's
+    AR and generation schedulers ask it and never trim."""
+    manager = Path(importlib.util.find_spec("vllm.v1.structured_output").origin).read_text()
+    defined, asks, trims = (text in manager for text in (f"class {bridge.MANAGER_CLASS}", f"    def {bridge.ASK}(",
+                                                         f"    def {bridge.TRIM}("))
+    assert STATIC.host == (K.ABSENT if not defined else K.NO_ASK if not asks else K.TRIMS if trims else K.NO_TRIM)
     if Version(OMNI_VERSION) <= Version("0.26.0"):
         assert STATIC.untrimmed == (AR, GENERATION)
     assert POINT.detect_runtime(importlib.import_module(POINT.target_module)) == STATIC

@@ -1,12 +1,12 @@
-"""Adapter for vllm-omni's ``OmniAsyncGPUModelRunnerOutput.get_output``: the state vLLM 0.30-0.33's ``__init__`` sets.
+"""Adapter for vllm-omni's ``OmniAsyncGPUModelRunnerOutput.get_output``: the state vLLM 0.25-0.33's ``__init__`` sets.
 
 Why: vllm-omni 0.24.0's ``OmniAsyncGPUModelRunnerOutput`` (the AR stage's output under async scheduling with
 ``async_chunk``) derives vLLM's ``AsyncGPUModelRunnerOutput`` but never runs its ``__init__``: it sets the
-attributes vLLM 0.24's ``__init__`` set, then its ``get_output`` calls vLLM's. vLLM has since added NaN counting and
-the EP fault check to the class (in 0.30 and 0.33: ``self._num_nans``, ``self._num_nans_cpu``, ``self._has_fault``,
-set in ``__init__``, read or deleted by ``get_output``), so every AR step of that path dies on vLLM 0.30-0.33 with
-``AttributeError: 'OmniAsyncGPUModelRunnerOutput' object has no attribute '_num_nans_cpu'`` (vllm-omni's own
-``test_omni_async_gpu_model_runner_output_builds_lazily_once`` fails on it).
+attributes vLLM 0.24's ``__init__`` set, then its ``get_output`` calls vLLM's. vLLM has since added the EP fault
+check (0.25: ``self._has_fault``) and NaN counting (0.28: ``self._num_nans``, ``self._num_nans_cpu``) to the class,
+set in ``__init__``, read or deleted by ``get_output``, so every AR step of that path dies on vLLM 0.25-0.33 with
+``AttributeError: 'OmniAsyncGPUModelRunnerOutput' object has no attribute '_num_nans_cpu'`` (``'_has_fault'`` before
+0.28; vllm-omni's own ``test_omni_async_gpu_model_runner_output_builds_lazily_once`` fails on it).
 When: vLLM's ``__init__`` sets attributes its other methods read that vllm-omni's subclass, not calling that
 ``__init__``, never sets (all read from the files with ``ast``): vllm-omni's ``get_output`` first gives the object
 each one it lacks, with the value vLLM's ``__init__`` would give it called as vllm-omni is (the parameters vllm-omni
@@ -14,8 +14,8 @@ does not take at their defaults: ``num_nans=None``, ``check_ep_fault=False``, so
 the copy and no EP fault is checked, as vllm-omni's runner passes neither), then runs vllm-omni's own. Nothing is
 set where vLLM's ``__init__`` adds nothing the subclass lacks (0.24) or vllm-omni's calls it; a value the files do
 not tell is refused.
-Serves: vllm-omni 0.24.0 on vLLM 0.30-0.33 (read from the 0.24, 0.30, 0.33 and 0.34 wheels; 0.34 has no V1 model
-runner, so that stage is left out there).
+Serves: vllm-omni 0.24.0 on vLLM 0.25-0.33 (read from the 0.24.0, 0.25.0, 0.25.1, 0.30, 0.33 and 0.34 wheels;
+reproduced on CPU on 0.25.1 and 0.30; 0.34 has no V1 model runner, so that stage is left out there).
 Retire when: the oldest supported vllm-omni's ``OmniAsyncGPUModelRunnerOutput`` calls vLLM's ``__init__`` or sets
 what it sets.
 

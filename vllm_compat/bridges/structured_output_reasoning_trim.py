@@ -1,7 +1,7 @@
 """Adapter: ``OmniARScheduler.update_from_output`` feeds the grammar only what follows the end of reasoning again.
 
-Why: vLLM 0.26 added ``StructuredOutputManager.trim_reasoning_for_advance`` and made ``should_advance`` answer True in
-the step where reasoning ends (0.26: under speculative decoding with a structural tag; 0.27-0.29: always), recording
+Why: vLLM 0.25 added ``StructuredOutputManager.trim_reasoning_for_advance`` and made ``should_advance`` answer True in
+the step where reasoning ends (0.25-0.26: under speculative decoding with a structural tag; 0.27-0.29: always), recording
 where the end marker lies; vLLM's own ``Scheduler`` then feeds the grammar only the tokens after it ("feeding them to
 accept_tokens makes the grammar reject the marker and kills the request", vLLM #44006). vllm-omni 0.24.0 and 0.26.0's
 AR scheduler, a copy of vLLM 0.24's ``update_from_output``, asks ``should_advance`` and feeds the grammar the whole
@@ -9,18 +9,18 @@ step.
 Driven on CPU with vllm-omni's own ``OmniARScheduler`` and vLLM's ``StructuredOutputManager`` (xgrammar, the
 ``deepseek_r1`` parser), every structured-output request that reasons dies at its ``</think>`` on vLLM 0.27.1 and
 0.29.0 ("Unexpected: grammar rejected tokens [3] ... Terminating request.", finish reason ``error``), and on vLLM
-0.26.0 with vllm-omni 0.26.0 one whose reasoning ends inside a speculative step with a structural tag, where vLLM's
-own ``Scheduler`` carries both on.
+0.25.1 with vllm-omni 0.24.0 and 0.26.0 with vllm-omni 0.26.0 one whose reasoning ends inside a speculative step with
+a structural tag, where vLLM's own ``Scheduler`` carries both on.
 When: vLLM's ``StructuredOutputManager`` defines both ``should_advance`` and ``trim_reasoning_for_advance`` and the
 installed vllm-omni's ``OmniARScheduler.update_from_output`` calls ``structured_output_manager.should_advance`` and
 never the trim (all read from the files with ``ast``): for the duration of each call the scheduler sees vLLM's
 manager through a view whose ``should_advance`` is vLLM's own; in the one step where it ends reasoning with True, the
 request's grammar is lent for that step's single ``accept_tokens`` to a stand-in that passes it
 ``trim_reasoning_for_advance(request, tokens)``, as vLLM's ``Scheduler`` does (nothing fed when nothing is left).
-Nothing of vLLM's is replaced; vLLM <= 0.25 (no trim: it answers False there) and 0.30+ (no ``should_advance``:
+Nothing of vLLM's is replaced; vLLM <= 0.24 (no trim: it answers False there) and 0.30+ (no ``should_advance``:
 ``structured_output_should_advance`` answers as vLLM 0.24 did) need nothing.
-Serves: vllm-omni 0.24.0 / 0.26.0's AR stage with structured output and a reasoning parser on vLLM 0.26-0.29
-(measured on CPU against vLLM's own ``Scheduler``: 0.24.0 on 0.27.1 and 0.29.0, 0.26.0 on 0.26.0).
+Serves: vllm-omni 0.24.0 / 0.26.0's AR stage with structured output and a reasoning parser on vLLM 0.25-0.29
+(measured on CPU against vLLM's own ``Scheduler``: 0.24.0 on 0.25.1, 0.27.1 and 0.29.0, 0.26.0 on 0.26.0).
 Retire when: the oldest supported vllm-omni trims the reasoning itself or no longer asks ``should_advance`` (0.30.0
 asks nothing), or no supported vLLM has ``trim_reasoning_for_advance`` beside ``should_advance``.
 
@@ -41,7 +41,7 @@ from ..detect.source_tree import parse_source
 from ..patches._method import MethodPatch
 
 MANAGER_FILE, MANAGER_CLASS = "vllm/v1/structured_output/__init__.py", "StructuredOutputManager"
-ASK, TRIM = "should_advance", "trim_reasoning_for_advance"  # vLLM's question, and 0.26+'s trim that goes with it
+ASK, TRIM = "should_advance", "trim_reasoning_for_advance"  # vLLM's question, and 0.25+'s trim that goes with it
 MANAGER = "structured_output_manager"  # the scheduler's attribute vllm-omni asks through
 OMNI_SCHEDULERS = "vllm_omni/core/sched"
 UPDATE = "update_from_output"
@@ -51,8 +51,8 @@ TARGET = "vllm_omni/core/sched/omni_ar_scheduler.py:OmniARScheduler"
 
 class Kind:
     ABSENT = "absent"  # vLLM's structured-output manager is not installed
-    NO_TRIM = "no_trim"  # should_advance without the trim (vLLM <= 0.25: False where reasoning ends)
-    TRIMS = "trims"  # both (vLLM 0.26-0.29: True where reasoning ends, the caller trims)
+    NO_TRIM = "no_trim"  # should_advance without the trim (vLLM <= 0.24: False where reasoning ends)
+    TRIMS = "trims"  # both (vLLM 0.25-0.29: True where reasoning ends, the caller trims)
     NO_ASK = "no_ask"  # no should_advance (vLLM 0.30+)
 
 

@@ -16,7 +16,7 @@ Serves: vllm-omni 0.24.0's AR and generation schedulers on vLLM 0.30-0.34 (measu
 vLLM 0.24.0's own method for the same requests; on 0.34 the method alone).
 Retire when: the oldest supported vllm-omni no longer calls ``structured_output_manager.should_advance``.
 
-Why vLLM 0.24's answers and not 0.26-0.29's: those answer True in the step that ends reasoning and rely on the caller
+Why vLLM 0.24's answers and not 0.25-0.29's: those answer True in the step that ends reasoning and rely on the caller
 to feed the grammar only what follows the end marker (``trim_reasoning_for_advance``, which vLLM's own ``Scheduler``
 calls and vllm-omni's schedulers do not); without that trim the grammar is fed ``</think>`` and the request is
 terminated, as vllm-omni 0.24.0's AR scheduler on vLLM 0.27.1 and 0.29.0 shows on CPU
