@@ -376,6 +376,49 @@ def _rounds_of_034_024(last_status: str = "resolved"):
     return resolve_and_list, seen
 
 
+def _compiled_ahead(monkeypatch) -> dict:
+    """``resolution.compile_pair`` as ``compile_ahead`` calls it, recorded: {frozenset(lines added): whether its
+    answer was done}; each takes a moment, so a round that did not wait for it finds it not done."""
+    import time
+
+    from vllm_compat import resolution as resolution_module
+
+    done = {}
+
+    def compile_pair(requirements, overrides, directory=None, **kwargs):
+        lines = frozenset(overrides) - {HUB}
+        done[lines] = False
+        time.sleep(0.2)
+        done[lines] = True
+        return resolution_module.Compiled("resolved", ["uv"], requirements, overrides, date="2026-12-06")
+
+    monkeypatch.setattr(resolution_module, "compile_pair", compile_pair)
+    monkeypatch.setattr(resolution_module, "uv_path", lambda: "/usr/bin/uv")
+    return done
+
+
+def test_the_rounds_uv_answers_are_compiled_while_the_first_round_runs(monkeypatch):
+    """Each combination of the pair's tested lines not among the conflict overrides is compiled from the start,
+    beside the first round; a round waits for its own before it resolves (reading it from the day's cache)."""
+    from vllm_compat import resolution as resolution_module
+
+    done = _compiled_ahead(monkeypatch)
+    fake, seen = _rounds_of_034_024()
+    found_done = []
+
+    def resolve_and_list(requirements, overrides, directory=None, cache_only=None):
+        found_done.append(done.get(frozenset(overrides) - {HUB}))
+        return fake(requirements, overrides, directory, cache_only)
+
+    monkeypatch.setattr(resolution_module, "resolve_and_list", resolve_and_list)
+    resolution = resolve_pair(PAIR_034_024, [HUB], tested={HUB: ("c",), FLASHINFER: ("c",), CUDA: ("c",)})
+    assert seen == [[HUB], [HUB, FLASHINFER], [HUB, FLASHINFER, CUDA]]
+    assert set(done) == {frozenset({FLASHINFER}), frozenset({CUDA}), frozenset({FLASHINFER, CUDA})}
+    assert found_done == [None, True, True]  # the first round compiles itself; the others waited for theirs
+    assert resolution.override_lines == [FLASHINFER, CUDA]
+    assert resolution_module.compile_ahead(PAIR_034_024, [HUB], {HUB: ("c",)}) == {}  # nothing to add: none
+
+
 def _drift_034_024(resolution):
     from vllm_compat.dependency_drift import Conflict, DependencyDrift, Want, tested_reasons
 
@@ -396,6 +439,7 @@ def test_the_overrides_file_holds_every_line_the_verifying_resolution_used(tmp_p
 
     fake, seen = _rounds_of_034_024()
     monkeypatch.setattr(resolution_module, "resolve_and_list", fake)
+    _compiled_ahead(monkeypatch)
     resolution = resolve_pair(PAIR_034_024, [HUB], tested={HUB: ("v0.34-omni0.24",),
                                                           FLASHINFER: ("v0.34-omni0.24-serve",),
                                                           CUDA: ("v0.34-omni0.24-serve",)})
@@ -428,6 +472,7 @@ def test_an_install_that_does_not_resolve_is_said_unverified_and_so_is_its_file(
 
     fake, _ = _rounds_of_034_024(last_status="unresolvable")
     monkeypatch.setattr(resolution_module, "resolve_and_list", fake)
+    _compiled_ahead(monkeypatch)
     drift = _drift_034_024(resolve_pair(PAIR_034_024, [HUB], tested={FLASHINFER: ("v0.34-omni0.24",)}))
     write_overrides(tmp_path / "o.txt", drift)
     header, written = overrides_file(tmp_path / "o.txt")

@@ -347,33 +347,32 @@ def run(vllm: CheckInput, omni: CheckInput, resolve: bool = False) -> CheckResul
     ``dependencies.resolution``)."""
     from .config import read_controls
     from .decide import plan
+    from .dependency_drift import check_dependency_drift
     from .detect.static import SiteFacts, StaticSite
     from .reporting import Report
 
-    site = StaticSite.of_wheels(vllm.tree, omni.tree, {"vllm": vllm.version, "vllm-omni": omni.version, "torch": None})
-    # the behavioural scan's baseline, vllm-omni's own vLLM, is fetched like the inputs when this package ships none
-    site.fetch_own_vllm = vllm.source in ("downloaded", "cache")
-    planned = plan(site, read_controls())
-    decisions = [d for _, _, d in planned]
-    static = SiteFacts("static", site.versions, {entry.id: facts for entry, facts, _ in planned})
-    # A fresh install of vllm_compat puts the startup hook in place, so bridges act before `import vllm_omni`.
-    report = Report(mode="static", static=static, patches=decisions, _import_drift=site.import_drift,
-                    _behaviour_drift=lambda: site.behaviour_drift,
-                    judge_packages=False, startup_hook=True)
     # Install conflicts from both wheels' Requires-Dist (the index is asked only when an input came from it).
-    from .dependency_drift import check_dependency_drift
-
     online = "downloaded" in (vllm.source, omni.source) or "cache" in (vllm.source, omni.source)
     dependencies = check_dependency_drift(vllm.tree, vllm.distribution, omni.tree, omni.distribution,
                                           offline=not online)
-    result = CheckResult(vllm=vllm, omni=omni, report=report, dependencies=dependencies)
-    if resolve:
-        # uv's resolution waits on the index and its own process; the scans read and parse Python: one overlaps the
-        # other, so a cold check takes the longer of the two, not their sum.
-        with _in_background(resolve_install, result):
-            site.import_drift, site.behaviour_drift  # noqa: B018 (computed and kept for the report)
-    elif dependencies is not None:
+    result = CheckResult(vllm=vllm, omni=omni, report=None, dependencies=dependencies)
+    if not resolve and dependencies is not None:
         dependencies.not_resolved = f"the resolution was turned off (--no-resolve or {NO_RESOLVE_VAR}=1)"
+    # uv's resolution waits on the index and its own process; the decisions and scans read and parse Python: one
+    # overlaps the other, so a cold check takes the longer of the two, not their sum.
+    with _in_background(resolve_install, result) if resolve else contextlib.nullcontext():
+        site = StaticSite.of_wheels(vllm.tree, omni.tree,
+                                    {"vllm": vllm.version, "vllm-omni": omni.version, "torch": None})
+        # the behavioural scan's baseline, vllm-omni's own vLLM, is fetched like the inputs when this package ships
+        # none
+        site.fetch_own_vllm = vllm.source in ("downloaded", "cache")
+        planned = plan(site, read_controls())
+        static = SiteFacts("static", site.versions, {entry.id: facts for entry, facts, _ in planned})
+        # A fresh install of vllm_compat puts the startup hook in place, so bridges act before `import vllm_omni`.
+        result.report = Report(mode="static", static=static, patches=[d for _, _, d in planned],
+                               _import_drift=site.import_drift, _behaviour_drift=lambda: site.behaviour_drift,
+                               judge_packages=False, startup_hook=True)
+        site.import_drift, site.behaviour_drift  # noqa: B018 (computed and kept for the report)
     return result
 
 

@@ -24,7 +24,8 @@ cuda-python 12.6.2.post1 (an old monolithic wheel) beside cuda-bindings 13.5.0, 
    one side is reinstalled (``wins``), or unknown. The clashes of a set of wheels (each one's file name and
    sha256) are kept in ``resolutions/clashes/``: a resolution picking the same set reads them instead of every
    listing. When overrides are named, the pair is resolved again with them and listed (``fix``): the
-   suggestion is checked, not assumed.
+   suggestion is checked, not assumed. The lines a matrix cell of the pair installs with are compiled from the
+   start, in every combination (``compile_ahead``): such a round reads uv's answer instead of waiting for it.
 
 What this does not change: the verdict and exit code, as for dependency conflicts (they say whether the pair
 starts once installed as check says; the dependency lines say what installing takes). An unknown clash, or a
@@ -708,6 +709,28 @@ def named_lines(resolved: Resolved, tested: dict[str, tuple[str, ...]]) -> list[
 
 
 FIX_ROUNDS = 3  # a missing pin's line, then the clash its resolution shows (0.34: flashinfer, then cuda-python)
+AHEAD_LINES = 3  # tested lines whose every combination is compiled ahead (2**3 - 1 uv runs at most)
+
+
+def compile_ahead(requirements: list[str], overrides: list[str], tested, directory: Path | None = None) -> dict:
+    """Start ``compile_pair`` of the pair with each combination of its tested lines (the lines a later round can
+    add: the pair's cells install with them), each in a thread of its own: ``{frozenset(lines added): Future}``.
+    uv answers one round in 2-4 s even with its cache warm; the rounds of vLLM 0.34.0 + vllm-omni 0.24.0 (the
+    missing flashinfer pin, then the cuda-python clash its resolution shows) then find their answers in the day's
+    cache instead of running uv one after the other. More than ``AHEAD_LINES`` lines: all of them only."""
+    from concurrent.futures import ThreadPoolExecutor
+    from itertools import combinations
+
+    extra = sorted(line for line in tested if line not in overrides)
+    if not extra or uv_path() is None:
+        return {}
+    sizes = range(len(extra), 0, -1) if len(extra) <= AHEAD_LINES else [len(extra)]
+    added = [frozenset(combo) for size in sizes for combo in combinations(extra, size)]
+    pool = ThreadPoolExecutor(max_workers=len(added), thread_name_prefix="vllm-compat-ahead")
+    ahead = {lines: pool.submit(compile_pair, requirements, [*overrides, *sorted(lines)], directory)
+             for lines in added}
+    pool.shutdown(wait=False)  # an answer no round asks for is not waited on
+    return ahead
 
 
 def resolve_pair(requirements: list[str], overrides: list[str], directory: Path | None = None,
@@ -715,8 +738,10 @@ def resolve_pair(requirements: list[str], overrides: list[str], directory: Path 
     """The module's three steps for ``requirements`` (``["vllm==0.33.0", "vllm-omni==0.24.0"]``) with the
     conflict ``overrides``; then, while a resolution names override lines not yet tried (``named_lines``), once
     more with them added (at most ``FIX_ROUNDS``); ``fix`` is the last of those. ``tested``: {override line:
-    the matrix cells of the pair installing with it}."""
+    the matrix cells of the pair installing with it}; their combinations are compiled meanwhile
+    (``compile_ahead``), so a round's uv answer is, where it can be, ready when the round asks for it."""
     start = time.perf_counter()
+    ahead = compile_ahead(requirements, overrides, tested or {}, directory)
     resolution = Resolution(resolve_and_list(requirements, overrides, directory), tested=dict(tested or {}))
     lines = list(overrides)
     for _ in range(FIX_ROUNDS):
@@ -727,6 +752,9 @@ def resolve_pair(requirements: list[str], overrides: list[str], directory: Path 
         # uv could not answer the last round: the next ones are read from the cache, not tried again
         last = resolution.last.compiled
         offline = last.stale or (last.reason if last.status in ("failed", "skipped") else None)
+        compiling = ahead.get(frozenset(lines) - frozenset(overrides))
+        if compiling is not None and offline is None:
+            compiling.exception()  # waits: its answer is the day's cached one the round reads
         resolution.fix = resolve_and_list(requirements, lines, directory, cache_only=offline)
         resolution.rounds.append(resolution.fix)
     resolution.seconds = time.perf_counter() - start

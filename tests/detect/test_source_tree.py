@@ -83,3 +83,26 @@ def test_a_code_model_reads_each_file_once(tmp_path):
     assert model.read("host", "vllm/m.py") == "x = 1\n" and list(model.texts("host")) == [("vllm/m.py", "x = 1\n")]
     assert model.read("host", "vllm/missing.py") is None
     assert CodeModel(SourceTree(tmp_path / "nowhere"), tree).read("host", "vllm/m.py") == "x = 2\n"
+
+
+def test_what_a_file_binds_is_kept_by_its_place_and_new_models_share_it(tmp_path):
+    """Two files of one text share one parsed tree (``parse_source``); their relative imports bind by where each
+    is, so what a module binds is kept per (module, file); a second model (a plan's next row) is given the same."""
+    for package in ("vllm/a", "vllm/b"):
+        (tmp_path / package).mkdir(parents=True)
+        (tmp_path / package / "__init__.py").write_text("")
+        (tmp_path / package / "m.py").write_text("from .x import y\n")
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    host = SourceTree(tmp_path)
+    model = CodeModel(SourceTree(tmp_path / "nowhere"), host)
+    assert model.module_ast("vllm.a.m") is model.module_ast("vllm.b.m")
+    assert model.bindings("vllm.a.m")["y"] == ("import", "vllm.a.x", "y")
+    assert model.bindings("vllm.b.m")["y"] == ("import", "vllm.b.x", "y")
+    again = CodeModel(SourceTree(tmp_path / "nowhere"), host)
+    assert again.bindings("vllm.b.m") is model.bindings("vllm.b.m")
+
+
+def test_the_scans_walk_of_a_module_is_kept_on_its_tree(trees):
+    for tree in trees:
+        assert behaviour_drift._walked(tree) == list(behaviour_drift._walk(tree.body))
+        assert behaviour_drift._walked(tree) is behaviour_drift._walked(tree)

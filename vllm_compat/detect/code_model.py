@@ -187,11 +187,17 @@ class CodeModel:
         if key in self._bindings:
             return self._bindings[key]
         tree = self.module_ast(module)
-        found: dict = {}
-        self._bindings[key] = found
         if tree is None:
+            found = self._bindings[key] = {}
             return found
         relpath = self.module_file(module)
+        # kept on the parsed tree too, by where it was read: a plan's rows share vllm-omni's trees (and vLLM
+        # releases many of their files), and what a file binds depends on its text and its place only
+        kept = tree.__dict__.setdefault("_bindings_at", {})
+        if (module, relpath) in kept:
+            found = self._bindings[key] = kept[module, relpath]
+            return found
+        found = self._bindings[key] = kept[module, relpath] = {}
         package = module if relpath.endswith("__init__.py") else module.rpartition(".")[0]
         for name, node in module_bindings(tree.body):  # what the module binds, as definitions.Definitions reads it
             found[name] = _binding(name, node, package)

@@ -95,17 +95,34 @@ def parse_source(text: str):
 
 
 def children(node) -> list:
-    """The nodes directly under ``node``, as ``ast.iter_child_nodes`` gives them (a list: about twice as fast)."""
-    import ast
-
+    """The nodes directly under ``node``, as ``ast.iter_child_nodes`` gives them (a list: about twice as fast).
+    A cold check asks this ~1.2 M times: ``ast`` is looked up once, and a node without fields (``Load``,
+    ``Store``, an operator: a third of them) is answered at once."""
+    fields = node._fields
+    if not fields:
+        return []
+    node_class = _AST_NODE or _ast_node_class()
     found = []
-    for name in node._fields:
+    for name in fields:
         value = getattr(node, name, None)
-        if isinstance(value, list):
-            found.extend(item for item in value if isinstance(item, ast.AST))
-        elif isinstance(value, ast.AST):
+        if value.__class__ is list:
+            found += [item for item in value if isinstance(item, node_class)]
+        elif isinstance(value, node_class):
             found.append(value)
     return found
+
+
+def _ast_node_class():
+    """``ast.AST``, imported on first use (the installed side never parses: doctor's startup stays light)."""
+    global _AST_NODE
+    if _AST_NODE is None:
+        import ast
+
+        _AST_NODE = ast.AST
+    return _AST_NODE
+
+
+_AST_NODE = None
 
 
 def walk(node) -> list:
