@@ -163,6 +163,17 @@ def test_tpu_inference_has_no_entry_point_and_vllm_imports_it():
     assert {"tpu_inference.platforms", "tpu_inference.platforms.tpu_platform"} <= set(reverse.roots)
 
 
+def test_tpu_inference_0_11_1s_kv_connector_runs_where_it_is_configured():
+    """tpu-inference 0.11.1's tpu_inference/distributed/tpu_connector.py defines ``class
+    TPUConnector(KVConnectorBase_V1)`` (imported from vllm.distributed.kv_transfer.kv_connector.v1.base); no string
+    and no import of the plugin or of vLLM 0.11.1 names that module: vLLM loads it from the user's
+    ``kv_connector_module_path``. Its line-80 import of vllm.utils.round_down broke on 0.11.1 (tpu-inference#965)."""
+    plugin = read_plugin(release_or_skip("tpu-inference", "0.11.1"))
+    assert _named(plugin, "kv_connector") == {"tpu_inference.distributed.tpu_connector.TPUConnector"}
+    roots = {e.id: e.roots for e in plugin.entrypoints()}
+    assert roots["kv_connector"] == ("tpu_inference.distributed.tpu_connector",)
+
+
 def test_lmcache_is_imported_by_vllm_and_misses_what_vllm_0_24_imports():
     """vLLM 0.24.0's in-tree LMCache integration (lmcache_integration/vllm_v1_adapter.py:32) imports
     lmcache.v1.plugin.runtime_plugin_launcher; lmcache 0.3.10 (2025) has lmcache/v1/plugin/ but not that module."""
@@ -280,6 +291,34 @@ def test_strings_that_name_code_and_those_that_do_not(tmp_path):
     roles = {e.id: e.roots for e in plugin.entrypoints()}
     assert roles == {"platform:demo": ("demo", "demo.platform"), "attention_backend": ("demo.attn",),
                      "worker": ("demo.worker",)}  # a dangling name has no root to follow
+
+
+def test_a_class_deriving_a_base_vllm_loads_by_module_path_is_that_role(tmp_path):
+    """A KV connector runs where the user configures its module path: the class deriving vLLM's base is the root,
+    imported by name or dotted; a same-named base of the plugin's own, or one nested in a function, is not."""
+    write_tree(tmp_path, {
+        "demo/__init__.py": "",
+        "demo/conn.py": """
+            from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1 as Base
+            class Mine(Base): ...
+            """,
+        "demo/dotted.py": """
+            import vllm.distributed.kv_transfer.kv_connector.base
+            class Old(vllm.distributed.kv_transfer.kv_connector.base.KVConnectorBase): ...
+            """,
+        "demo/own.py": """
+            class KVConnectorBase_V1: ...
+            class NotVllms(KVConnectorBase_V1): ...
+            def make():
+                from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+                class Inner(KVConnectorBase_V1): ...
+            """,
+    })
+    write_tree(tmp_path, {"demo-0.1.dist-info/METADATA": "Name: demo\nVersion: 0.1\n"})
+    plugin = read_plugin(tmp_path)
+    assert {(n.qualname, n.via) for n in plugin.named if n.role == "kv_connector"} == {
+        ("demo.conn.Mine", "derives KVConnectorBase_V1"), ("demo.dotted.Old", "derives KVConnectorBase")}
+    assert {e.id: e.roots for e in plugin.entrypoints()} == {"kv_connector": ("demo.conn", "demo.dotted")}
 
 
 def test_constant_strings_are_expanded_without_running_anything():

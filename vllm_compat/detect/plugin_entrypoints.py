@@ -14,6 +14,9 @@ sdist, or an unpacked tree), read without importing or building it (stdlib + ``p
   "..."``, the value ``get_attn_backend_cls`` returns, ``scheduler_cls``, ``get_punica_wrapper``), with the role vLLM
   loads it in (worker, attention backend, scheduler, ...), where it is written and whether the tree defines it;
   ``f"vllm_spyre{'.v1' if V1 else ''}.worker..."`` gives both spellings;
+* **classes vLLM builds from a configured module path**: a top-level class deriving a ``LOADED_BY_PATH`` base of
+  vLLM's (a KV connector: ``kv_connector_module_path``), which nothing imports or names (tpu-inference 0.11.1's
+  ``TPUConnector``), is a class of that role too;
 * **vLLM names written as strings** (``host_refs``): ``importlib.import_module("vllm.v1.core.block_pool")``,
   ``"vllm.distributed...TpuCommunicator"``: names an import scan cannot see, for the host side to check;
 * **the declared vLLM range**: every ``Requires-Dist: vllm ...`` with its marker (``vllm>=0.13.0; extra ==
@@ -76,6 +79,10 @@ ROLE_WORDS = {
     "kv_connector": "the KV connector", "lora": "LoRA (the punica wrapper)", "executor": "the executor",
     "graph_wrapper": "the graph wrapper", "compilation": "the compilation passes",
 }
+# vLLM's bases whose subclasses vLLM builds from a module path the user configures (``--kv-transfer-config
+# '{"kv_connector_module_path": ...}'``), not from anything it imports: a plugin class deriving one runs as that role
+# once configured (tpu-inference 0.11.1's TPUConnector: tpu-inference#965)
+LOADED_BY_PATH = {"KVConnectorBase": "kv_connector", "KVConnectorBase_V1": "kv_connector"}
 # roles that are no way of being started: the plugin loading its own module by name (an edge of its import graph,
 # run when the enclosing function runs) and names vLLM is not known to load
 NOT_STARTED = ("dynamic_import", "other")
@@ -744,6 +751,40 @@ class _StringScan(ast.NodeVisitor):
             self.generic_visit(node)
 
 
+def _module_level(body):
+    """The statements a module runs at import, in ``if`` / ``try`` blocks too (not in functions or classes)."""
+    for node in body:
+        yield node
+        if isinstance(node, (ast.If, ast.Try, ast.ExceptHandler)):
+            for name in ("body", "orelse", "finalbody", "handlers"):
+                yield from _module_level(getattr(node, name, None) or [])
+
+
+def _derived_from_loaded_by_path(reader: _Reader, host: str) -> tuple[NamedClass, ...]:
+    """The plugin's top-level classes deriving a ``LOADED_BY_PATH`` base imported from the host (``from
+    vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1``, or the dotted name): each a
+    ``NamedClass`` of that base's role, ``via`` the base. Only files whose text names such a base are parsed."""
+    quick = re.compile(r"\b(?:" + "|".join(map(re.escape, LOADED_BY_PATH)) + r")\b")
+    found = []
+    for module, relpath in sorted(reader.files.items()):
+        if not quick.search(reader.code.read(relpath) or ""):
+            continue
+        tree = reader.tree(module)
+        if tree is None:
+            continue
+        from_host = {a.asname or a.name: a.name for node in _module_level(tree.body) if isinstance(node, ast.ImportFrom)
+                     and not node.level and (node.module or "").split(".", 1)[0] == host for a in node.names}
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            for base in cls.bases:
+                dotted = ast.unparse(base)
+                name = from_host.get(dotted) or (dotted.rsplit(".", 1)[-1] if dotted.startswith(host + ".") else None)
+                if name in LOADED_BY_PATH:
+                    found.append(NamedClass(f"{module}.{cls.name}", module, LOADED_BY_PATH[name], module, cls.lineno,
+                                            f"derives {name}", True))
+                    break
+    return tuple(found)
+
+
 def _scan_strings(reader: _Reader, host: str) -> tuple[tuple[NamedClass, ...], tuple[HostRef, ...]]:
     """Every qualified name of the plugin (resolved in its tree) or of the host written as a string in its modules.
     Only files whose text holds a quoted dotted name of either are parsed."""
@@ -870,6 +911,7 @@ def read_plugin(path, distribution: str | None = None) -> PluginEntrypoints:
                     if n.endswith(".pth") and "/" not in n)
     startup = tuple(h for h in startup if any(reader.is_mine(m) for m in h.imports))
     named, host_refs = _scan_strings(reader, HOST)
+    named += tuple(c for c in _derived_from_loaded_by_path(reader, HOST) if c.qualname not in {n.qualname for n in named})
     return PluginEntrypoints(
         distribution=name or path.name, version=version, source=files.source, packages=tuple(packages),
         callables=callables, startup=startup, named=named, host_refs=host_refs, scripts=scripts,
