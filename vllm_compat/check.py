@@ -363,8 +363,7 @@ def run(vllm: CheckInput, omni: CheckInput, resolve: bool = False) -> CheckResul
     with _in_background(resolve_install, result) if resolve else contextlib.nullcontext():
         site = StaticSite.of_wheels(vllm.tree, omni.tree,
                                     {"vllm": vllm.version, "vllm-omni": omni.version, "torch": None})
-        # the behavioural scan's baseline, vllm-omni's own vLLM, is fetched like the inputs when this package ships
-        # none
+        # the behavioural scan's baseline, vllm-omni's own vLLM, is fetched like the inputs where none is shipped
         site.fetch_own_vllm = vllm.source in ("downloaded", "cache")
         planned = plan(site, read_controls())
         static = SiteFacts("static", site.versions, {entry.id: facts for entry, facts, _ in planned})

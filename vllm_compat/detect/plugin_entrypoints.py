@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..entrypoints import Entrypoint
+from .definitions import module_bindings
 from .source_tree import SourceTree, parse_source
 
 HOST = "vllm"
@@ -751,15 +752,6 @@ class _StringScan(ast.NodeVisitor):
             self.generic_visit(node)
 
 
-def _module_level(body):
-    """The statements a module runs at import, in ``if`` / ``try`` blocks too (not in functions or classes)."""
-    for node in body:
-        yield node
-        if isinstance(node, (ast.If, ast.Try, ast.ExceptHandler)):
-            for name in ("body", "orelse", "finalbody", "handlers"):
-                yield from _module_level(getattr(node, name, None) or [])
-
-
 def _derived_from_loaded_by_path(reader: _Reader, host: str) -> tuple[NamedClass, ...]:
     """The plugin's top-level classes deriving a ``LOADED_BY_PATH`` base imported from the host (``from
     vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1``, or the dotted name): each a
@@ -772,8 +764,11 @@ def _derived_from_loaded_by_path(reader: _Reader, host: str) -> tuple[NamedClass
         tree = reader.tree(module)
         if tree is None:
             continue
-        from_host = {a.asname or a.name: a.name for node in _module_level(tree.body) if isinstance(node, ast.ImportFrom)
-                     and not node.level and (node.module or "").split(".", 1)[0] == host for a in node.names}
+        # what each module-level name is bound to last, as at run time (definitions.module_bindings)
+        from_host = {bound: alias.name for bound, node in dict(module_bindings(tree.body)).items()
+                     if isinstance(node, ast.ImportFrom) and not node.level
+                     and (node.module or "").split(".", 1)[0] == host
+                     for alias in node.names if (alias.asname or alias.name) == bound}
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
             for base in cls.bases:
                 dotted = ast.unparse(base)
@@ -911,7 +906,8 @@ def read_plugin(path, distribution: str | None = None) -> PluginEntrypoints:
                     if n.endswith(".pth") and "/" not in n)
     startup = tuple(h for h in startup if any(reader.is_mine(m) for m in h.imports))
     named, host_refs = _scan_strings(reader, HOST)
-    named += tuple(c for c in _derived_from_loaded_by_path(reader, HOST) if c.qualname not in {n.qualname for n in named})
+    written = {n.qualname for n in named}
+    named += tuple(c for c in _derived_from_loaded_by_path(reader, HOST) if c.qualname not in written)
     return PluginEntrypoints(
         distribution=name or path.name, version=version, source=files.source, packages=tuple(packages),
         callables=callables, startup=startup, named=named, host_refs=host_refs, scripts=scripts,
